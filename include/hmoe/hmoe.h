@@ -1,0 +1,65 @@
+/* hmoe — plain C interface for FFI users (Python ctypes, Rust, Go...). It wraps the C++ API of
+   hmoe.hpp one to one; every call returns a status, and hmoe_last_error() says why it failed. */
+#ifndef HMOE_H_
+#define HMOE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum hmoe_status {
+  HMOE_OK = 0,
+  HMOE_INVALID_ARGUMENT = 1, /* a bad spec, size, pointer or option; the message names it */
+  HMOE_CUDA_ERROR = 2,       /* a CUDA call failed (no device, launch failure, ...) */
+  HMOE_INTERNAL_ERROR = 3
+} hmoe_status;
+
+/* Values mirror the C++ enums: weight_dtype 0 bf16, 1 fp8 e4m3; scheme 0 none, 1 per-tensor,
+   2 per-channel × per-token, 3 128×128 block; routing_function 0 softmax top-k, 1 grouped sigmoid;
+   logits_dtype 0 fp32, 1 bf16; orientation 0 auto, 1 normal, 2 swap-AB. */
+typedef struct hmoe_spec {
+  int num_experts, top_k, hidden, intermediate;
+  int weight_dtype, scheme;
+  int routing_function, renormalize, num_groups, topk_groups;
+  float routed_scaling_factor;
+  int logits_dtype;
+} hmoe_spec;
+
+typedef struct hmoe_run_args {
+  int num_tokens;
+  const void* x;                 /* [T, H] bf16, device */
+  void* out;                     /* [T, H] bf16, device */
+  const void* w13;               /* prepared, device */
+  const void* w2;                /* prepared, device */
+  const float* correction_bias;  /* [E] fp32 or NULL (grouped routing) */
+  void* workspace;
+  size_t workspace_size;
+  int* invalid_id_count;         /* optional device counter */
+} hmoe_run_args;
+
+typedef struct hmoe_runner hmoe_runner;
+
+/* The message of the last failed call on this thread ("" when none). */
+const char* hmoe_last_error(void);
+
+hmoe_status hmoe_spec_preset(const char* name, hmoe_spec* spec);
+hmoe_status hmoe_prepared_weight_bytes(const hmoe_spec* spec, size_t* w13_bytes, size_t* w2_bytes);
+hmoe_status hmoe_prepare_weights(const hmoe_spec* spec, const void* w13_src, const void* w2_src, void* w13_dst,
+                                 void* w2_dst, void* stream);
+
+hmoe_status hmoe_runner_create(const hmoe_spec* spec, int max_tokens, int orientation, hmoe_runner** runner);
+void hmoe_runner_destroy(hmoe_runner* runner);
+hmoe_status hmoe_runner_workspace_bytes(const hmoe_runner* runner, size_t* bytes);
+hmoe_status hmoe_run_from_logits(const hmoe_runner* runner, const hmoe_run_args* args, const void* router_logits,
+                                 void* stream);
+hmoe_status hmoe_run_from_topk(const hmoe_runner* runner, const hmoe_run_args* args, const int32_t* topk_ids,
+                               const float* topk_weights, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HMOE_H_ */

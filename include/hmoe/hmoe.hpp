@@ -1,0 +1,154 @@
+// hmoe — fused Mixture-of-Experts layers for NVIDIA Hopper (sm_90a).
+// The public C++ API: describe the layer (MoeSpec), prepare weights once, plan a runner, run it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace hmoe {
+
+// Every invalid argument or failed CUDA call surfaces as hmoe::Error; the message names the
+// offending argument, its value and what was expected.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class WeightDType { kBF16, kFP8E4M3 };
+
+// FP8 weight × activation schemes of DESIGN.md §2 (kNone for BF16 weights).
+enum class QuantScheme {
+  kNone,
+  kPerTensor,            // one weight scale per expert and matrix × per-tensor activation scale
+  kPerChannelPerToken,   // one weight scale per output row × dynamic per-token activation scale
+  kBlock128,             // 128×128 weight blocks × dynamic 1×128 activation groups
+};
+
+enum class RoutingFunction {
+  kSoftmaxTopK,          // p = softmax(logits); top-k of p; optional renormalise
+  kGroupedSigmoidTopK,   // DeepSeek-V3: sigmoid + bias, best groups, top-k, normalise, scale
+};
+
+enum class LogitsDType { kFloat32, kBFloat16 };
+
+struct RoutingSpec {
+  RoutingFunction function = RoutingFunction::kSoftmaxTopK;
+  bool renormalize = true;               // softmax only: divide the top-k by their sum
+  int num_groups = 1;                    // grouped only: n_group
+  int topk_groups = 1;                   // grouped only: groups kept
+  float routed_scaling_factor = 1.0f;    // grouped only: multiplies the normalised weights
+  LogitsDType logits_dtype = LogitsDType::kFloat32;
+};
+
+struct MoeSpec {
+  int num_experts = 0;                   // E
+  int top_k = 0;                         // k
+  int hidden = 0;                        // H
+  int intermediate = 0;                  // I (per expert)
+  WeightDType weight_dtype = WeightDType::kBF16;
+  QuantScheme scheme = QuantScheme::kNone;
+  RoutingSpec routing;
+};
+
+// The model presets of DESIGN.md §3 ("mixtral-8x7b", "qwen3-30b-a3b", ...). Throws on an unknown name.
+MoeSpec preset(std::string_view name);
+std::vector<std::string> preset_names();
+
+// Alignment the kernels need of hidden and intermediate (elements).
+inline constexpr int kDimAlignment = 64;
+// Largest supported E and k (the routing kernels keep one token's logits in one warp's registers).
+inline constexpr int kMaxExperts = 1024;
+inline constexpr int kMaxTopK = 32;
+
+// Throws hmoe::Error naming the first field that is out of range.
+void validate(const MoeSpec& spec);
+
+// ---- One-time weight preparation -----------------------------------------------------------
+// Sources use the vLLM/HF layouts: w13 [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up), w2 [E, H, I],
+// row-major, bf16. The prepared buffers are what Weights points at; their layout is private.
+std::size_t prepared_w13_bytes(const MoeSpec& spec);
+std::size_t prepared_w2_bytes(const MoeSpec& spec);
+void prepare_weights(const MoeSpec& spec, const void* w13_src, const void* w2_src, void* w13_dst,
+                     void* w2_dst, cudaStream_t stream);
+
+struct Weights {
+  const void* w13 = nullptr;             // prepared w13 (prepared_w13_bytes)
+  const void* w2 = nullptr;              // prepared w2 (prepared_w2_bytes)
+  const float* correction_bias = nullptr;  // [E] fp32, grouped routing only; nullptr means zeros
+};
+
+// ---- Planning and running -------------------------------------------------------------------
+enum class Orientation {
+  kAuto,     // pick by tokens per expert
+  kNormal,   // tokens on WGMMA's M side, weight rows on N
+  kSwapAB,   // weight rows on WGMMA's M side, tokens on N (few tokens per expert)
+};
+
+struct PlanOptions {
+  int max_tokens = 0;                    // largest T any run will pass; sizes the workspace
+  Orientation orientation = Orientation::kAuto;
+};
+
+struct RunArgs {
+  int num_tokens = 0;                    // T; 0 is valid and does nothing
+  const void* x = nullptr;               // [T, H] bf16, device
+  void* out = nullptr;                   // [T, H] bf16, device; every element is written
+  Weights weights;                       // prepared, device
+  void* workspace = nullptr;             // device, at least workspace_bytes(), 256-byte aligned
+  std::size_t workspace_size = 0;        // bytes available at workspace
+  // Optional device counter: each (token, slot) whose expert id lies outside [0, E) adds one.
+  // Such a slot contributes nothing to its token's output.
+  int* invalid_id_count = nullptr;
+};
+
+// What one run launches, for inspection (`hmoe bench --explain`, tests).
+struct PlanInfo {
+  Orientation orientation = Orientation::kNormal;
+  int token_tile = 0;                    // tokens per GEMM tile
+  int weight_tile = 0;                   // weight rows per GEMM tile
+  std::string gemm1_kernel;
+  std::string gemm2_kernel;
+};
+
+class MoeRunner {
+ public:
+  MoeRunner(const MoeSpec& spec, const PlanOptions& options);
+
+  const MoeSpec& spec() const { return spec_; }
+  std::size_t workspace_bytes() const { return workspace_bytes_; }
+  // The plan a run with num_tokens tokens uses.
+  PlanInfo plan_info(int num_tokens) const;
+
+  // Routes with the spec's routing function, then runs the experts. router_logits: [T, E] device,
+  // dtype spec.routing.logits_dtype. Asynchronous on stream; no allocation, no host synchronisation.
+  void run_from_logits(const RunArgs& args, const void* router_logits, cudaStream_t stream) const;
+
+  // Precomputed routing, as vLLM/SGLang's fused_experts: topk_ids [T, k] int32 and
+  // topk_weights [T, k] fp32, device. An id outside [0, E) contributes nothing (see RunArgs).
+  void run_from_topk(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights,
+                     cudaStream_t stream) const;
+
+ private:
+  void check_args(const RunArgs& args) const;
+  void run_experts(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights,
+                   cudaStream_t stream) const;
+
+  MoeSpec spec_;
+  PlanOptions options_;
+  int num_sms_ = 0;
+  std::size_t workspace_bytes_ = 0;
+};
+
+// Short names used by the CLI and messages ("bf16", "fp8-block", "softmax", "grouped", ...).
+std::string to_string(WeightDType value);
+std::string to_string(QuantScheme value);
+std::string to_string(RoutingFunction value);
+std::string to_string(Orientation value);
+
+}  // namespace hmoe

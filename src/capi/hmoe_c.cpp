@@ -1,0 +1,169 @@
+// The C interface: converts between the plain structs of hmoe.h and the C++ API, and turns
+// exceptions into status codes with a per-thread message.
+#include "hmoe/hmoe.h"
+
+#include <memory>
+#include <string>
+
+#include "hmoe/hmoe.hpp"
+
+struct hmoe_runner {
+  hmoe::MoeRunner runner;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+template <typename Enum>
+Enum checked_enum(int value, int count, const char* field) {
+  if (value < 0 || value >= count)
+    throw hmoe::Error(std::string("hmoe: invalid hmoe_spec.") + field + " = " + std::to_string(value) +
+                      ": expected 0.." + std::to_string(count - 1));
+  return static_cast<Enum>(value);
+}
+
+hmoe::MoeSpec to_cpp(const hmoe_spec& spec) {
+  hmoe::MoeSpec out;
+  out.num_experts = spec.num_experts;
+  out.top_k = spec.top_k;
+  out.hidden = spec.hidden;
+  out.intermediate = spec.intermediate;
+  out.weight_dtype = checked_enum<hmoe::WeightDType>(spec.weight_dtype, 2, "weight_dtype");
+  out.scheme = checked_enum<hmoe::QuantScheme>(spec.scheme, 4, "scheme");
+  out.routing.function = checked_enum<hmoe::RoutingFunction>(spec.routing_function, 2, "routing_function");
+  out.routing.renormalize = spec.renormalize != 0;
+  out.routing.num_groups = spec.num_groups;
+  out.routing.topk_groups = spec.topk_groups;
+  out.routing.routed_scaling_factor = spec.routed_scaling_factor;
+  out.routing.logits_dtype = checked_enum<hmoe::LogitsDType>(spec.logits_dtype, 2, "logits_dtype");
+  return out;
+}
+
+hmoe_spec to_c(const hmoe::MoeSpec& spec) {
+  hmoe_spec out{};
+  out.num_experts = spec.num_experts;
+  out.top_k = spec.top_k;
+  out.hidden = spec.hidden;
+  out.intermediate = spec.intermediate;
+  out.weight_dtype = static_cast<int>(spec.weight_dtype);
+  out.scheme = static_cast<int>(spec.scheme);
+  out.routing_function = static_cast<int>(spec.routing.function);
+  out.renormalize = spec.routing.renormalize ? 1 : 0;
+  out.num_groups = spec.routing.num_groups;
+  out.topk_groups = spec.routing.topk_groups;
+  out.routed_scaling_factor = spec.routing.routed_scaling_factor;
+  out.logits_dtype = static_cast<int>(spec.routing.logits_dtype);
+  return out;
+}
+
+hmoe::RunArgs to_cpp(const hmoe_run_args& args) {
+  hmoe::RunArgs out;
+  out.num_tokens = args.num_tokens;
+  out.x = args.x;
+  out.out = args.out;
+  out.weights.w13 = args.w13;
+  out.weights.w2 = args.w2;
+  out.weights.correction_bias = args.correction_bias;
+  out.workspace = args.workspace;
+  out.workspace_size = args.workspace_size;
+  out.invalid_id_count = args.invalid_id_count;
+  return out;
+}
+
+void require(const void* pointer, const char* name) {
+  if (pointer == nullptr) throw hmoe::Error(std::string("hmoe: ") + name + " is null");
+}
+
+// Runs body, mapping exceptions to status codes. CUDA failures carry "CUDA error" in their message.
+template <typename Body>
+hmoe_status guarded(Body&& body) {
+  try {
+    body();
+    last_error.clear();
+    return HMOE_OK;
+  } catch (const hmoe::Error& error) {
+    last_error = error.what();
+    return last_error.find("CUDA error") != std::string::npos ? HMOE_CUDA_ERROR : HMOE_INVALID_ARGUMENT;
+  } catch (const std::exception& error) {
+    last_error = error.what();
+    return HMOE_INTERNAL_ERROR;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* hmoe_last_error(void) { return last_error.c_str(); }
+
+hmoe_status hmoe_spec_preset(const char* name, hmoe_spec* spec) {
+  return guarded([&] {
+    require(name, "name");
+    require(spec, "spec");
+    *spec = to_c(hmoe::preset(name));
+  });
+}
+
+hmoe_status hmoe_prepared_weight_bytes(const hmoe_spec* spec, size_t* w13_bytes, size_t* w2_bytes) {
+  return guarded([&] {
+    require(spec, "spec");
+    require(w13_bytes, "w13_bytes");
+    require(w2_bytes, "w2_bytes");
+    const hmoe::MoeSpec cpp = to_cpp(*spec);
+    *w13_bytes = hmoe::prepared_w13_bytes(cpp);
+    *w2_bytes = hmoe::prepared_w2_bytes(cpp);
+  });
+}
+
+hmoe_status hmoe_prepare_weights(const hmoe_spec* spec, const void* w13_src, const void* w2_src, void* w13_dst,
+                                 void* w2_dst, void* stream) {
+  return guarded([&] {
+    require(spec, "spec");
+    hmoe::prepare_weights(to_cpp(*spec), w13_src, w2_src, w13_dst, w2_dst, static_cast<cudaStream_t>(stream));
+  });
+}
+
+hmoe_status hmoe_runner_create(const hmoe_spec* spec, int max_tokens, int orientation, hmoe_runner** runner) {
+  return guarded([&] {
+    require(spec, "spec");
+    require(runner, "runner");
+    *runner = nullptr;
+    hmoe::PlanOptions options;
+    options.max_tokens = max_tokens;
+    if (orientation < 0 || orientation > 2)
+      throw hmoe::Error("hmoe: invalid orientation = " + std::to_string(orientation) + ": expected 0..2");
+    options.orientation = static_cast<hmoe::Orientation>(orientation);
+    *runner = new hmoe_runner{hmoe::MoeRunner(to_cpp(*spec), options)};
+  });
+}
+
+void hmoe_runner_destroy(hmoe_runner* runner) { delete runner; }
+
+hmoe_status hmoe_runner_workspace_bytes(const hmoe_runner* runner, size_t* bytes) {
+  return guarded([&] {
+    require(runner, "runner");
+    require(bytes, "bytes");
+    *bytes = runner->runner.workspace_bytes();
+  });
+}
+
+hmoe_status hmoe_run_from_logits(const hmoe_runner* runner, const hmoe_run_args* args, const void* router_logits,
+                                 void* stream) {
+  return guarded([&] {
+    require(runner, "runner");
+    require(args, "args");
+    runner->runner.run_from_logits(to_cpp(*args), router_logits, static_cast<cudaStream_t>(stream));
+  });
+}
+
+hmoe_status hmoe_run_from_topk(const hmoe_runner* runner, const hmoe_run_args* args, const int32_t* topk_ids,
+                               const float* topk_weights, void* stream) {
+  return guarded([&] {
+    require(runner, "runner");
+    require(args, "args");
+    runner->runner.run_from_topk(to_cpp(*args), topk_ids, topk_weights, static_cast<cudaStream_t>(stream));
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,61 @@
+// What a GEMM variant is (orientation, tile shape, pipeline depth, epilogue) and what one launch
+// needs; shared by the kernels, their generated instantiations and the dispatcher.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "permute/work_list.hpp"
+
+namespace hmoe::gemm {
+
+enum class EpilogueKind {
+  kSwiGlu,         // GEMM1: silu(gate) ⊙ up → bf16 intermediate [rows, I]
+  kRoutingWeight,  // GEMM2: × routing weight of the row → bf16 [rows, H]
+};
+
+// Rows of the prepared w13 come in groups of 16: 8 gate rows then the 8 up rows of the same 8
+// intermediate columns. NOTE: with that grouping one thread's wgmma accumulator fragment holds
+// both halves of every SwiGLU pair in either orientation (columns 8j and 8j+8 when weights are
+// WGMMA's N side, rows r and r+8 when they are its M side), so the epilogue needs no exchange.
+inline constexpr int kSwiGluGroupRows = 16;
+
+inline constexpr int kBlockK = 64;   // bf16 elements per 128-byte swizzled row
+
+template <EpilogueKind kEpilogue_, bool kSwapAB_, int kTokenTile_, int kWeightTile_, int kStages_>
+struct GemmConfig {
+  static constexpr EpilogueKind kEpilogue = kEpilogue_;
+  static constexpr bool kSwapAB = kSwapAB_;
+  static constexpr int kTokenTile = kTokenTile_;     // token rows per tile
+  static constexpr int kWeightTile = kWeightTile_;   // weight rows per tile
+  static constexpr int kStages = kStages_;
+  // WGMMA's A operand is always 64 rows (one consumer warpgroup); B is the other operand.
+  static constexpr int kTileM = kSwapAB ? kWeightTile : kTokenTile;
+  static constexpr int kTileN = kSwapAB ? kTokenTile : kWeightTile;
+  static_assert(kTileM == 64, "one consumer warpgroup computes 64 rows");
+  static_assert(kTileN % 8 == 0 && kTileN >= 8 && kTileN <= 256, "wgmma N is a multiple of 8 up to 256");
+  static constexpr int kABytes = kTileM * kBlockK * 2;
+  static constexpr int kBBytes = kTileN * kBlockK * 2;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "swizzle atoms are 1024 bytes");
+  // + 1024 to align the dynamic buffer, + the barriers.
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 2 * kStages * 8;
+  static constexpr int kThreads = 256;               // consumer warpgroup + producer warpgroup
+};
+
+// One launch: tokens [token_rows, K] (expert-sorted), weights [experts × weight_rows, K].
+struct GemmLaunch {
+  const void* tokens = nullptr;
+  int token_rows = 0;            // rows allocated in the token buffer (TMA bound)
+  const void* weights = nullptr;
+  int experts = 0;
+  int weight_rows = 0;           // N per expert: 2I for GEMM1, H for GEMM2
+  int k = 0;                     // H for GEMM1, I for GEMM2
+  WorkList work;
+  int max_tiles = 0;             // upper bound of *work.num_tiles, sizes the grid
+  void* out = nullptr;           // [token_rows, out_cols] bf16
+  int out_cols = 0;
+  const float* row_weights = nullptr;  // [token_rows], kRoutingWeight only
+  int num_sms = 0;
+};
+
+}  // namespace hmoe::gemm

@@ -1,0 +1,92 @@
+// One expert-GEMM kernel = mainloop + epilogue + persistent scheduler, and its host side in the
+// four steps every hmoe kernel follows: check, pick the grid, build TMA descriptors, launch.
+#pragma once
+
+#include <algorithm>
+#include <string>
+
+#include "common/cuda_check.hpp"
+#include "gemm/config.hpp"
+#include "gemm/epilogue.cuh"
+#include "gemm/mainloop.cuh"
+#include "gemm/scheduler.cuh"
+#include "gemm/tensor_map.hpp"
+
+namespace hmoe::gemm {
+
+struct KernelArgs {
+  CUtensorMap token_map;     // [token_rows, K] bf16, box {64, kTokenTile}
+  CUtensorMap weight_map;    // [experts·weight_rows, K] bf16, box {64, kWeightTile}
+  WorkList work;
+  int weight_tiles;
+  int k_blocks;
+  EpilogueArgs epilogue;
+};
+
+template <class Config>
+__global__ void __launch_bounds__(Config::kThreads, 1) expert_gemm_kernel(const __grid_constant__ KernelArgs args) {
+  extern __shared__ std::uint8_t dynamic_smem[];
+  std::uint8_t* base = reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(dynamic_smem) + 1023) & ~std::uintptr_t{1023});
+  SharedStorage<Config> smem{base, reinterpret_cast<std::uint64_t*>(base + Config::kStages * Config::kStageBytes), nullptr};
+  smem.empty = smem.full + Config::kStages;
+
+  if (threadIdx.x == 0) {
+    for (int stage = 0; stage < Config::kStages; ++stage) {
+      ptx::Barrier::init(&smem.full[stage], 1);
+      ptx::Barrier::init(&smem.empty[stage], 4);   // one arrival per consumer warp
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  PersistentScheduler scheduler(args.work, args.weight_tiles);
+  if (threadIdx.x >= 128) {
+    if (threadIdx.x == 128) {
+      cute::prefetch_tma_descriptor(&args.token_map);
+      cute::prefetch_tma_descriptor(&args.weight_map);
+      produce<Config>(smem, &args.token_map, &args.weight_map, scheduler, args.epilogue.weight_rows, args.k_blocks);
+    }
+    return;
+  }
+  PipelineState state;
+  WorkItem item;
+  float accumulator[Config::kTileN / 2];
+  while (scheduler.next(item)) {
+    consume<Config>(smem, state, args.k_blocks, accumulator);
+    Epilogue<Config>::apply(accumulator, item, args.epilogue);
+  }
+}
+
+template <class Config>
+void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream) {
+  // 1. Preconditions (the dispatcher only picks variants whose constraints hold; re-checked cheaply).
+  if (launch.k % 8 != 0 || launch.out_cols % 2 != 0)
+    throw Error("hmoe: expert GEMM needs K % 8 == 0 and an even output width (K = " + std::to_string(launch.k) + ")");
+  // 2. Grid: persistent, as many CTAs as fit on the chip but no more than there can be work items.
+  static const int ctas_per_sm = [] {
+    HMOE_CUDA_CHECK(cudaFuncSetAttribute(expert_gemm_kernel<Config>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Config::kSmemBytes));
+    int blocks = 0;
+    HMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, expert_gemm_kernel<Config>,
+                                                                  Config::kThreads, Config::kSmemBytes));
+    return blocks > 0 ? blocks : 1;
+  }();
+  const int weight_tiles = (launch.weight_rows + Config::kWeightTile - 1) / Config::kWeightTile;
+  const long long max_items = static_cast<long long>(launch.max_tiles) * weight_tiles;
+  const int grid = static_cast<int>(std::min<long long>(max_items, static_cast<long long>(launch.num_sms) * ctas_per_sm));
+  if (grid <= 0) return;
+  // 3. TMA descriptors.
+  KernelArgs args;
+  args.token_map = make_tensor_map(launch.tokens, launch.token_rows, launch.k, Config::kTokenTile);
+  args.weight_map = make_tensor_map(launch.weights, static_cast<long long>(launch.experts) * launch.weight_rows,
+                                    launch.k, Config::kWeightTile);
+  args.work = launch.work;
+  args.weight_tiles = weight_tiles;
+  args.k_blocks = (launch.k + kBlockK - 1) / kBlockK;
+  args.epilogue = EpilogueArgs{launch.out, launch.out_cols, launch.weight_rows, launch.row_weights};
+  // 4. Launch.
+  expert_gemm_kernel<Config><<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(args);
+  HMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace hmoe::gemm

@@ -1,0 +1,125 @@
+// The TMA → WGMMA mainloop shared by both orientations: a producer thread fills a ring of
+// shared-memory stages, the consumer warpgroup multiplies them into fp32 registers.
+#pragma once
+
+#include <utility>
+
+#include "gemm/config.hpp"
+#include "gemm/ptx.cuh"
+#include "gemm/scheduler.cuh"
+
+namespace hmoe::gemm {
+
+template <class Config>
+struct SharedStorage {
+  std::uint8_t* base;        // 1024-byte aligned
+  std::uint64_t* full;       // [kStages]: TMA bytes landed
+  std::uint64_t* empty;      // [kStages]: consumer warps done reading
+
+  __device__ std::uint8_t* a_tile(int stage) const { return base + stage * Config::kStageBytes; }
+  __device__ std::uint8_t* b_tile(int stage) const { return a_tile(stage) + Config::kABytes; }
+};
+
+// Ring position shared by producer and consumer; the phase bit flips each time the ring wraps.
+struct PipelineState {
+  int stage = 0;
+  std::uint32_t phase = 0;
+  template <int kStages>
+  __device__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// Operand rows of a work item: the token tile and the weight tile, mapped onto WGMMA's A and B.
+template <class Config>
+__device__ inline void operand_rows(const WorkItem& item, int weight_rows, int& a_row, int& b_row) {
+  const int token_row = item.tokens.row_begin;
+  const int weight_row = item.tokens.expert * weight_rows + item.weight_tile * Config::kWeightTile;
+  a_row = Config::kSwapAB ? weight_row : token_row;
+  b_row = Config::kSwapAB ? token_row : weight_row;
+}
+
+template <class Config>
+__device__ void produce(const SharedStorage<Config>& smem, const CUtensorMap* token_map,
+                        const CUtensorMap* weight_map, PersistentScheduler scheduler, int weight_rows,
+                        int k_blocks) {
+  const CUtensorMap* a_map = Config::kSwapAB ? weight_map : token_map;
+  const CUtensorMap* b_map = Config::kSwapAB ? token_map : weight_map;
+  PipelineState state;
+  WorkItem item;
+  while (scheduler.next(item)) {
+    int a_row, b_row;
+    operand_rows<Config>(item, weight_rows, a_row, b_row);
+    for (int k_block = 0; k_block < k_blocks; ++k_block) {
+      // NOTE: parity (phase ^ 1) passes at once on a fresh barrier: every stage starts empty.
+      ptx::Barrier::wait(&smem.empty[state.stage], state.phase ^ 1);
+      ptx::Barrier::arrive_and_expect_tx(&smem.full[state.stage], Config::kStageBytes);
+      ptx::tma_load_2d(a_map, &smem.full[state.stage], smem.a_tile(state.stage), k_block * kBlockK, a_row);
+      ptx::tma_load_2d(b_map, &smem.full[state.stage], smem.b_tile(state.stage), k_block * kBlockK, b_row);
+      state.advance<Config::kStages>();
+    }
+  }
+}
+
+template <int kTileN>
+struct Wgmma;
+#define HMOE_WGMMA_BF16(N) \
+  template <>              \
+  struct Wgmma<N> {        \
+    using Op = cute::SM90::GMMA::MMA_64x##N##x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>; \
+  };
+HMOE_WGMMA_BF16(8)
+HMOE_WGMMA_BF16(16)
+HMOE_WGMMA_BF16(32)
+HMOE_WGMMA_BF16(64)
+HMOE_WGMMA_BF16(128)
+HMOE_WGMMA_BF16(256)
+#undef HMOE_WGMMA_BF16
+
+template <int kTileN, std::size_t... kIndex>
+__device__ __forceinline__ void wgmma_bf16(std::uint64_t a, std::uint64_t b, float* accumulator,
+                                           bool accumulate, std::index_sequence<kIndex...>) {
+  Wgmma<kTileN>::Op::fma(a, b, accumulator[kIndex]...,
+                         accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+}
+
+// Accumulates one work item's [64 × kTileN] product over K into `accumulator` (the wgmma fragment:
+// element 4j + r sits at row 16·warp + lane/4 + 8·(r/2), column 8j + 2·(lane%4) + r%2).
+template <class Config>
+__device__ void consume(const SharedStorage<Config>& smem, PipelineState& state, int k_blocks,
+                        float (&accumulator)[Config::kTileN / 2]) {
+  constexpr int kFragment = Config::kTileN / 2;
+  const bool warp_leader = (threadIdx.x % 32) == 0;
+  int previous_stage = -1;
+  for (int k_block = 0; k_block < k_blocks; ++k_block) {
+    ptx::Barrier::wait(&smem.full[state.stage], state.phase);
+    #pragma unroll
+    for (int i = 0; i < kFragment; ++i) cute::warpgroup_fence_operand(accumulator[i]);
+    cute::warpgroup_arrive();
+    const std::uint64_t a = ptx::sw128_kmajor_descriptor(smem.a_tile(state.stage));
+    const std::uint64_t b = ptx::sw128_kmajor_descriptor(smem.b_tile(state.stage));
+    #pragma unroll
+    for (int k_step = 0; k_step < kBlockK / 16; ++k_step) {
+      // 16 bf16 = 32 bytes = 2 units of the descriptor's 16-byte address field.
+      wgmma_bf16<Config::kTileN>(a + 2 * k_step, b + 2 * k_step, accumulator, k_block > 0 || k_step > 0,
+                                 std::make_index_sequence<kFragment>{});
+    }
+    cute::warpgroup_commit_batch();
+    // Keep one batch in flight: once the previous stage's batch retires, hand its buffer back.
+    cute::warpgroup_wait<1>();
+    #pragma unroll
+    for (int i = 0; i < kFragment; ++i) cute::warpgroup_fence_operand(accumulator[i]);
+    if (previous_stage >= 0 && warp_leader) ptx::Barrier::arrive(&smem.empty[previous_stage]);
+    previous_stage = state.stage;
+    state.advance<Config::kStages>();
+  }
+  cute::warpgroup_wait<0>();
+  #pragma unroll
+  for (int i = 0; i < kFragment; ++i) cute::warpgroup_fence_operand(accumulator[i]);
+  if (previous_stage >= 0 && warp_leader) ptx::Barrier::arrive(&smem.empty[previous_stage]);
+}
+
+}  // namespace hmoe::gemm

@@ -1,0 +1,46 @@
+// Thin wrappers over the Hopper instructions the GEMM mainloop issues (TMA, mbarrier, wgmma
+// descriptors). CUTLASS/CuTe supplies the wgmma instructions themselves (cute/arch).
+#pragma once
+
+#include <cuda.h>
+#include <cstdint>
+
+#include <cute/arch/copy_sm90_desc.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+
+namespace hmoe::ptx {
+
+__device__ __forceinline__ std::uint32_t smem_address(const void* pointer) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+// A K-major operand tile in shared memory, rows of 64 bf16 (128 bytes) written by TMA with the
+// 128-byte swizzle. NOTE: 8 rows form one 1024-byte swizzle atom, so the stride between 8-row
+// groups is 1024 bytes; the leading offset is ignored for swizzled K-major layouts. Stepping K by
+// 16 elements inside the 128-byte row adds 32 bytes to the start address (the swizzle is a
+// function of the absolute address, hence tiles must be 1024-byte aligned).
+__device__ __forceinline__ std::uint64_t sw128_kmajor_descriptor(const void* tile) {
+  const std::uint32_t address = smem_address(tile);
+  std::uint64_t descriptor = 0;
+  descriptor |= static_cast<std::uint64_t>((address & 0x3FFFF) >> 4);
+  descriptor |= static_cast<std::uint64_t>(1) << 16;
+  descriptor |= static_cast<std::uint64_t>(1024 >> 4) << 32;
+  descriptor |= static_cast<std::uint64_t>(1) << 62;
+  return descriptor;
+}
+
+__device__ __forceinline__ void tma_load_2d(const CUtensorMap* map, std::uint64_t* barrier, void* destination,
+                                            int column, int row) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];"
+      :
+      : "r"(smem_address(destination)), "l"(reinterpret_cast<std::uint64_t>(map)),
+        "r"(smem_address(barrier)), "r"(column), "r"(row)
+      : "memory");
+}
+
+using Barrier = cutlass::arch::ClusterTransactionBarrier;
+
+}  // namespace hmoe::ptx

@@ -1,0 +1,29 @@
+// Builds the variant table from the generated list (one entry per generated translation unit).
+#include "gemm/variants.hpp"
+
+namespace hmoe::gemm {
+
+#define HMOE_GEMM_VARIANT(name, epilogue, swap_ab, token_tile, weight_tile, stages) \
+  void launch_##name(const GemmLaunch&, cudaStream_t);
+#include "gemm_variants.inc"
+#undef HMOE_GEMM_VARIANT
+
+std::span<const GemmVariant> gemm_variants() {
+  static const GemmVariant table[] = {
+#define HMOE_GEMM_VARIANT(name, epilogue, swap_ab, token_tile, weight_tile, stages) \
+  {#name, EpilogueKind::epilogue, swap_ab, token_tile, weight_tile, stages, &launch_##name},
+#include "gemm_variants.inc"
+#undef HMOE_GEMM_VARIANT
+  };
+  return table;
+}
+
+const GemmVariant* find_gemm_variant(EpilogueKind epilogue, bool swap_ab, int token_tile) {
+  for (const GemmVariant& variant : gemm_variants()) {
+    if (variant.epilogue == epilogue && variant.swap_ab == swap_ab && variant.token_tile == token_tile)
+      return &variant;
+  }
+  return nullptr;
+}
+
+}  // namespace hmoe::gemm

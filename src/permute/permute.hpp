@@ -1,0 +1,27 @@
+// Permute stage: from top-k ids, count tokens per expert, build the GEMM work list, and gather each
+// (token, slot) row of x into expert-sorted order — all on the device, no host synchronisation.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "permute/work_list.hpp"
+
+namespace hmoe::permute {
+
+struct PermuteBuffers {
+  int* expert_counts;       // [E], zeroed by launch_permute
+  int* expert_cursor;       // [E]
+  int* expert_offsets;      // [E + 1]
+  int* num_tiles;           // [1]
+  TokenTile* tiles;         // [max_token_tiles(T·k, E, token_tile)]
+  int* slot_rows;           // [T·k]: sorted row of (token, slot), -1 for an invalid id
+  float* row_weights;       // [T·k]: routing weight of each sorted row
+  void* sorted_x;           // [T·k, H] bf16
+};
+
+// Enqueues: zero the counts, count, build the work list, scatter. x rows are 16-byte aligned (H % 8 == 0).
+void launch_permute(const int* topk_ids, const float* topk_weights, const void* x, int num_tokens, int top_k,
+                    int experts, int hidden, int token_tile, const PermuteBuffers& buffers,
+                    int* invalid_id_count, cudaStream_t stream);
+
+}  // namespace hmoe::permute

@@ -1,0 +1,247 @@
+// Softmax top-k and DeepSeek-V3 grouped sigmoid top-k, one warp per token with the token's scores
+// in registers (lane l holds experts l, l+32, ...). Ties break to the lower expert index.
+#include <cuda_bf16.h>
+
+#include <climits>
+
+#include "common/cuda_check.hpp"
+#include "routing/routing.hpp"
+
+namespace hmoe::routing {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float load_logit(const float* row, int e) { return row[e]; }
+__device__ __forceinline__ float load_logit(const __nv_bfloat16* row, int e) { return __bfloat162float(row[e]); }
+
+// True when (value, index) ranks above (best_value, best_index): larger value, ties to lower index.
+// NaN never ranks above anything.
+__device__ __forceinline__ bool ranks_above(float value, int index, float best_value, int best_index) {
+  return value > best_value || (value == best_value && index < best_index);
+}
+
+__device__ __forceinline__ void warp_argmax(float& value, int& index) {
+  #pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other_value = __shfl_xor_sync(kFullMask, value, offset);
+    const int other_index = __shfl_xor_sync(kFullMask, index, offset);
+    if (ranks_above(other_value, other_index, value, index)) {
+      value = other_value;
+      index = other_index;
+    }
+  }
+}
+
+// Picks the best not-yet-taken entry among `score` (restricted to `eligible`), marks it taken and
+// returns its expert id (INT_MAX when nothing is left).
+template <int kPerLane>
+__device__ int take_best(const float (&score)[kPerLane], unsigned eligible, unsigned& taken, int lane) {
+  float best_value = -INFINITY;
+  int best_index = INT_MAX;
+  #pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int expert = i * 32 + lane;
+    const bool open = ((eligible >> i) & 1u) && !((taken >> i) & 1u) && !isnan(score[i]);
+    if (open && ranks_above(score[i], expert, best_value, best_index)) {
+      best_value = score[i];
+      best_index = expert;
+    }
+  }
+  warp_argmax(best_value, best_index);
+  if (best_index != INT_MAX && best_index % 32 == lane) taken |= 1u << (best_index / 32);
+  return best_index;
+}
+
+template <int kPerLane, typename Logit>
+__global__ void softmax_topk_kernel(const Logit* __restrict__ logits, int num_tokens, int experts, int top_k,
+                                    bool renormalize, int* __restrict__ topk_ids, float* __restrict__ topk_weights) {
+  const int lane = threadIdx.x % 32;
+  const int token = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  if (token >= num_tokens) return;
+  const Logit* row = logits + static_cast<long long>(token) * experts;
+
+  float score[kPerLane];
+  unsigned eligible = 0;
+  float row_max = -INFINITY;
+  #pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int expert = i * 32 + lane;
+    score[i] = expert < experts ? load_logit(row, expert) : -INFINITY;
+    if (expert < experts) eligible |= 1u << i;
+    row_max = fmaxf(row_max, score[i]);
+  }
+  #pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) row_max = fmaxf(row_max, __shfl_xor_sync(kFullMask, row_max, offset));
+  float sum = 0.0f;
+  #pragma unroll
+  for (int i = 0; i < kPerLane; ++i)
+    if ((eligible >> i) & 1u) sum += __expf(score[i] - row_max);
+  #pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+
+  // NOTE: selecting on logits rather than probabilities keeps distinct logits distinct (exp can
+  // round two close logits to one float), the order softmax preserves exactly.
+  unsigned taken = 0;
+  float chosen_sum = 0.0f;
+  float my_weight = 0.0f;
+  int my_id = -1;
+  for (int slot = 0; slot < top_k; ++slot) {
+    const int expert = take_best(score, eligible, taken, lane);
+    float probability = 0.0f;
+    // The owner lane of the chosen expert broadcasts its logit.
+    float chosen_logit = -INFINITY;
+    #pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (expert != INT_MAX && i * 32 + lane == expert) chosen_logit = score[i];
+    const int owner = expert != INT_MAX ? expert % 32 : 0;
+    chosen_logit = __shfl_sync(kFullMask, chosen_logit, owner);
+    if (expert != INT_MAX) probability = __expf(chosen_logit - row_max) / sum;
+    chosen_sum += probability;
+    if (lane == slot) {
+      my_id = expert != INT_MAX ? expert : -1;
+      my_weight = probability;
+    }
+  }
+  if (lane < top_k) {
+    const long long out = static_cast<long long>(token) * top_k + lane;
+    topk_ids[out] = my_id;
+    topk_weights[out] = renormalize && chosen_sum > 0.0f ? my_weight / chosen_sum : my_weight;
+  }
+}
+
+template <int kPerLane, typename Logit>
+__global__ void grouped_topk_kernel(const Logit* __restrict__ logits, const float* __restrict__ correction_bias,
+                                    int num_tokens, int experts, int top_k, int num_groups, int topk_groups,
+                                    float scaling_factor, int* __restrict__ topk_ids,
+                                    float* __restrict__ topk_weights) {
+  const int lane = threadIdx.x % 32;
+  const int token = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  if (token >= num_tokens) return;
+  const Logit* row = logits + static_cast<long long>(token) * experts;
+  const int group_size = experts / num_groups;
+
+  float sigmoid[kPerLane];
+  float choice[kPerLane];   // sigmoid + correction bias: what experts and groups are ranked by
+  unsigned valid = 0;
+  #pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int expert = i * 32 + lane;
+    sigmoid[i] = 0.0f;
+    choice[i] = -INFINITY;
+    if (expert < experts) {
+      valid |= 1u << i;
+      sigmoid[i] = 1.0f / (1.0f + __expf(-load_logit(row, expert)));
+      choice[i] = sigmoid[i] + (correction_bias != nullptr ? correction_bias[expert] : 0.0f);
+    }
+  }
+
+  // Group score = sum of the two best choice values in the group; lane g keeps group g's score.
+  float group_score = -INFINITY;
+  for (int group = 0; group < num_groups; ++group) {
+    float first = -INFINITY, second = -INFINITY;
+    #pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int expert = i * 32 + lane;
+      if (((valid >> i) & 1u) && expert / group_size == group) {
+        if (choice[i] > first) {
+          second = first;
+          first = choice[i];
+        } else if (choice[i] > second) {
+          second = choice[i];
+        }
+      }
+    }
+    #pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const float other_first = __shfl_xor_sync(kFullMask, first, offset);
+      const float other_second = __shfl_xor_sync(kFullMask, second, offset);
+      const float top = fmaxf(first, other_first);
+      second = fmaxf(fminf(first, other_first), fmaxf(second, other_second));
+      first = top;
+    }
+    if (lane == group) group_score = first + second;
+  }
+
+  // Keep the topk_groups best groups (ties to the lower group index).
+  unsigned kept_groups = 0;
+  {
+    const float score[1] = {group_score};
+    unsigned taken = 0;
+    for (int round = 0; round < topk_groups; ++round) {
+      const int group = take_best<1>(score, lane < num_groups ? 1u : 0u, taken, lane);
+      if (group != INT_MAX) kept_groups |= 1u << group;
+    }
+  }
+  unsigned eligible = 0;
+  #pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int expert = i * 32 + lane;
+    if (((valid >> i) & 1u) && ((kept_groups >> (expert / group_size)) & 1u)) eligible |= 1u << i;
+  }
+
+  unsigned taken = 0;
+  float chosen_sum = 0.0f;
+  float my_weight = 0.0f;
+  int my_id = -1;
+  for (int slot = 0; slot < top_k; ++slot) {
+    const int expert = take_best(choice, eligible, taken, lane);
+    float chosen_sigmoid = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (expert != INT_MAX && i * 32 + lane == expert) chosen_sigmoid = sigmoid[i];
+    chosen_sigmoid = __shfl_sync(kFullMask, chosen_sigmoid, expert != INT_MAX ? expert % 32 : 0);
+    chosen_sum += chosen_sigmoid;
+    if (lane == slot) {
+      my_id = expert != INT_MAX ? expert : -1;
+      my_weight = chosen_sigmoid;
+    }
+  }
+  if (lane < top_k) {
+    const long long out = static_cast<long long>(token) * top_k + lane;
+    topk_ids[out] = my_id;
+    topk_weights[out] = chosen_sum > 0.0f ? my_weight / chosen_sum * scaling_factor : 0.0f;
+  }
+}
+
+template <int kPerLane, typename Logit>
+void launch_for(const MoeSpec& spec, const Logit* logits, const float* correction_bias, int num_tokens,
+                int* topk_ids, float* topk_weights, cudaStream_t stream) {
+  const int blocks = (num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const RoutingSpec& routing = spec.routing;
+  if (routing.function == RoutingFunction::kSoftmaxTopK) {
+    softmax_topk_kernel<kPerLane><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
+        logits, num_tokens, spec.num_experts, spec.top_k, routing.renormalize, topk_ids, topk_weights);
+  } else {
+    grouped_topk_kernel<kPerLane><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
+        logits, correction_bias, num_tokens, spec.num_experts, spec.top_k, routing.num_groups,
+        routing.topk_groups, routing.routed_scaling_factor, topk_ids, topk_weights);
+  }
+  HMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename Logit>
+void launch_typed(const MoeSpec& spec, const Logit* logits, const float* correction_bias, int num_tokens,
+                  int* topk_ids, float* topk_weights, cudaStream_t stream) {
+  const int per_lane = (spec.num_experts + 31) / 32;
+  if (per_lane <= 1) return launch_for<1>(spec, logits, correction_bias, num_tokens, topk_ids, topk_weights, stream);
+  if (per_lane <= 2) return launch_for<2>(spec, logits, correction_bias, num_tokens, topk_ids, topk_weights, stream);
+  if (per_lane <= 4) return launch_for<4>(spec, logits, correction_bias, num_tokens, topk_ids, topk_weights, stream);
+  if (per_lane <= 8) return launch_for<8>(spec, logits, correction_bias, num_tokens, topk_ids, topk_weights, stream);
+  if (per_lane <= 16) return launch_for<16>(spec, logits, correction_bias, num_tokens, topk_ids, topk_weights, stream);
+  return launch_for<32>(spec, logits, correction_bias, num_tokens, topk_ids, topk_weights, stream);
+}
+
+}  // namespace
+
+void launch_topk(const MoeSpec& spec, const void* logits, const float* correction_bias, int num_tokens,
+                 int* topk_ids, float* topk_weights, cudaStream_t stream) {
+  if (spec.routing.logits_dtype == LogitsDType::kFloat32)
+    launch_typed(spec, static_cast<const float*>(logits), correction_bias, num_tokens, topk_ids, topk_weights, stream);
+  else
+    launch_typed(spec, static_cast<const __nv_bfloat16*>(logits), correction_bias, num_tokens, topk_ids,
+                 topk_weights, stream);
+}
+
+}  // namespace hmoe::routing

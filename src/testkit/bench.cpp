@@ -1,0 +1,127 @@
+// bench_layer: graph-replay timing of MoeRunner::run_from_logits over a token sweep.
+#include "testkit/bench.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "testkit/ceilings.hpp"
+#include "testkit/cuda_handles.hpp"
+#include "testkit/layer_data.hpp"
+
+namespace hmoe::testkit {
+namespace {
+
+constexpr int kWarmupRounds = 3;
+constexpr int kMinReplays = 40;
+constexpr int kMaxReplays = 20000;
+
+int count_experts_hit(const reference::Routing& routing, int num_experts) {
+  std::set<int> hit;
+  for (std::int32_t id : routing.ids)
+    if (id >= 0 && id < num_experts) hit.insert(id);
+  return static_cast<int>(hit.size());
+}
+
+double percentile(const std::vector<double>& sorted, double fraction) {
+  return sorted[static_cast<std::size_t>(fraction * static_cast<double>(sorted.size() - 1))];
+}
+
+// One input set, the output its replays write, and what the floor counts for it.
+struct ReplaySet {
+  LayerInputs inputs;
+  DeviceBuffer out;
+  double bytes_touched = 0.0;
+  int experts_hit = 0;
+};
+
+}  // namespace
+
+std::vector<BenchRow> bench_layer(const MoeSpec& spec, const BenchOptions& options,
+                                  const std::function<void(const BenchRow&)>& on_row) {
+  if (options.input_sets < 1) throw Error("hmoe testkit: bench_layer needs input_sets >= 1");
+  const Ceilings& ceilings = measured_ceilings();
+  Stream stream;
+  const LayerWeights weights = make_layer_weights(spec, options.seed, /*keep_host_copy=*/false, stream.get());
+  const double expert_bytes = 3.0 * spec.hidden * static_cast<double>(spec.intermediate) * sizeof(std::uint16_t);
+
+  std::vector<BenchRow> rows;
+  for (int num_tokens : options.token_counts) {
+    if (num_tokens < 1) throw Error("hmoe testkit: bench_layer token counts must be >= 1");
+    PlanOptions plan_options;
+    plan_options.max_tokens = num_tokens;
+    plan_options.orientation = options.orientation;
+    const MoeRunner runner(spec, plan_options);
+    DeviceBuffer workspace(runner.workspace_bytes());
+    const double activation_bytes = 2.0 * num_tokens * static_cast<double>(spec.hidden) * sizeof(std::uint16_t);
+    const double flops = 6.0 * num_tokens * spec.top_k * static_cast<double>(spec.hidden) * spec.intermediate;
+
+    std::vector<ReplaySet> sets;
+    std::vector<GraphExec> graphs;
+    for (int index = 0; index < options.input_sets; ++index) {
+      const RoutingDraw draw{options.routing, options.seed, options.seed + 1 + static_cast<std::uint64_t>(index)};
+      ReplaySet set;
+      set.inputs = make_layer_inputs(weights, num_tokens, Entry::kLogits, draw, stream.get());
+      set.out = DeviceBuffer(static_cast<std::size_t>(num_tokens) * spec.hidden * sizeof(std::uint16_t));
+      set.experts_hit = count_experts_hit(host_routing(weights, set.inputs, stream.get()), spec.num_experts);
+      set.bytes_touched = set.experts_hit * expert_bytes + activation_bytes;
+      RunArgs args = run_args(weights, set.inputs, set.out.get());
+      args.workspace = workspace.get();
+      args.workspace_size = workspace.bytes();
+      const void* logits = set.inputs.router_logits.get();
+      graphs.push_back(GraphExec::capture(stream.get(), [&] { runner.run_from_logits(args, logits, stream.get()); }));
+      sets.push_back(std::move(set));
+    }
+
+    const Event round_start;
+    const Event round_stop;
+    for (int round = 0; round < kWarmupRounds; ++round) {
+      if (round == kWarmupRounds - 1) round_start.record(stream.get());
+      for (const GraphExec& graph : graphs) graph.launch(stream.get());
+    }
+    round_stop.record(stream.get());
+    stream.synchronize();
+    const double estimated_replay_s = elapsed_ms(round_start, round_stop) * 1e-3 / graphs.size();
+    int replays = static_cast<int>(options.seconds_per_point / std::max(estimated_replay_s, 1e-7));
+    replays = std::clamp(replays, kMinReplays, kMaxReplays);
+    replays += static_cast<int>(graphs.size()) - 1 - (replays - 1) % static_cast<int>(graphs.size());
+
+    // NOTE: consecutive marks time each replay alone; the host enqueues far ahead of the GPU, so
+    // launch overhead between replays is hidden exactly as in a serving loop replaying graphs.
+    std::vector<Event> marks(replays + 1);
+    marks[0].record(stream.get());
+    for (int replay = 0; replay < replays; ++replay) {
+      graphs[replay % graphs.size()].launch(stream.get());
+      marks[replay + 1].record(stream.get());
+    }
+    stream.synchronize();
+    HMOE_CUDA_CHECK(cudaGetLastError());
+    std::vector<double> replay_us;
+    replay_us.reserve(replays);
+    for (int replay = 0; replay < replays; ++replay) replay_us.push_back(1e3 * elapsed_ms(marks[replay], marks[replay + 1]));
+    std::sort(replay_us.begin(), replay_us.end());
+
+    BenchRow row;
+    row.num_tokens = num_tokens;
+    row.replays = replays;
+    row.median_us = percentile(replay_us, 0.5);
+    row.p10_us = percentile(replay_us, 0.1);
+    row.p90_us = percentile(replay_us, 0.9);
+    const double compute_floor_us = flops / (ceilings.bf16_gemm_tflop_per_s * 1e12) * 1e6;
+    for (const ReplaySet& set : sets) {
+      row.bytes_touched += set.bytes_touched / sets.size();
+      row.experts_hit += static_cast<double>(set.experts_hit) / sets.size();
+      const double memory_floor_us = set.bytes_touched / (ceilings.bandwidth_gb_per_s() * 1e9) * 1e6;
+      row.floor_us += std::max(memory_floor_us, compute_floor_us) / sets.size();
+    }
+    row.tflop_per_s = flops / (row.median_us * 1e-6) / 1e12;
+    row.gb_per_s = row.bytes_touched / (row.median_us * 1e-6) / 1e9;
+    row.percent_of_floor = 100.0 * row.floor_us / row.median_us;
+    row.plan = runner.plan_info(num_tokens);
+    if (on_row) on_row(row);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace hmoe::testkit

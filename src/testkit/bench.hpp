@@ -1,0 +1,46 @@
+// Latency of whole MoE layers as CUDA-graph replays, held against the floor of DESIGN.md §4
+// (bytes the call must move or FLOPs it must do, over ceilings measured on the same card).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "hmoe/hmoe.hpp"
+#include "testkit/random_inputs.hpp"
+
+namespace hmoe::testkit {
+
+struct BenchOptions {
+  std::vector<int> token_counts;
+  RoutingMode routing = RoutingMode::kUniform;
+  Orientation orientation = Orientation::kAuto;
+  std::uint64_t seed = 1;
+  // Independent x + logits sets replayed round-robin: each routes to different experts, so the
+  // weights a replay needs are not the ones the previous replay left in L2.
+  int input_sets = 4;
+  double seconds_per_point = 0.25;  // timed replays per token count, at least kMinReplays
+};
+
+struct BenchRow {
+  int num_tokens = 0;
+  int replays = 0;
+  double median_us = 0.0;
+  double p10_us = 0.0;
+  double p90_us = 0.0;
+  double tflop_per_s = 0.0;       // 6·T·k·H·I / median
+  double gb_per_s = 0.0;          // bytes_touched / median
+  double bytes_touched = 0.0;     // mean over input sets: hit experts' w13 + w2, x in, out
+  double experts_hit = 0.0;       // mean over input sets
+  double floor_us = 0.0;          // mean over input sets of max(bytes / bandwidth, FLOPs / peak)
+  double percent_of_floor = 0.0;  // floor / median × 100
+  PlanInfo plan;
+};
+
+// Weights are generated once (one prepared copy); for each T the runner is planned for T, every input
+// set's run_from_logits is captured into its own graph, warmed up, then replays are timed one by one
+// with events. on_row, when set, sees each row as soon as it is measured.
+std::vector<BenchRow> bench_layer(const MoeSpec& spec, const BenchOptions& options,
+                                  const std::function<void(const BenchRow&)>& on_row = {});
+
+}  // namespace hmoe::testkit

@@ -1,0 +1,21 @@
+// The hardware ceilings DESIGN.md §4 judges speed against, measured on the card in use (never
+// taken from a datasheet): memory bandwidth two ways, and dense bf16 tensor-core throughput.
+#pragma once
+
+#include <algorithm>
+
+namespace hmoe::testkit {
+
+struct Ceilings {
+  double copy_gb_per_s = 0.0;         // large device-to-device copy, read + write bytes
+  double read_gb_per_s = 0.0;         // large read-only reduction
+  double bf16_gemm_tflop_per_s = 0.0; // cuBLAS bf16 GEMM 8192³, fp32 accumulation
+
+  // Weight streaming is read-only and can beat the copy figure: the floor uses the higher.
+  double bandwidth_gb_per_s() const { return std::max(copy_gb_per_s, read_gb_per_s); }
+};
+
+// Measured on the first call (a second or two), then cached for the process.
+const Ceilings& measured_ceilings();
+
+}  // namespace hmoe::testkit

@@ -1,0 +1,60 @@
+// Accuracy check of one MoE layer run against the float64 CPU reference (DESIGN.md §2): poisoned
+// output, every element inspected, reference on all tokens or a stated sample of them.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "hmoe/hmoe.hpp"
+#include "reference/reference.hpp"
+#include "testkit/layer_data.hpp"
+
+namespace hmoe::testkit {
+
+// A bf16 NaN: an element still holding it after a run was never written.
+inline constexpr std::uint16_t kPoisonBf16 = 0xFFFF;
+// ‖out − ref‖ / ‖ref‖ bound for the bf16 path.
+inline constexpr double kBf16Tolerance = 1e-2;
+
+struct CheckOptions {
+  int num_tokens = 1;
+  RoutingMode routing = RoutingMode::kUniform;
+  Entry entry = Entry::kLogits;
+  Orientation orientation = Orientation::kAuto;
+  std::uint64_t seed = 1;
+  // Above this many tokens the reference runs on a seeded sample of this many plus the first and
+  // last token; unwritten and non-finite elements are still counted over all of them.
+  int max_reference_tokens = 256;
+};
+
+struct CheckResult {
+  double rel_error = 0.0;
+  double tolerance = kBf16Tolerance;
+  int num_tokens = 0;
+  int tokens_checked = 0;
+  bool sampled = false;           // tokens_checked < num_tokens
+  std::size_t unwritten = 0;      // elements still equal to kPoisonBf16
+  std::size_t nonfinite = 0;      // other NaN or Inf elements
+  bool passed = false;
+  PlanInfo plan;
+  double reference_seconds = 0.0;  // CPU routing + reference layer, for logging
+};
+
+// Generates weights (seeded by options.seed) and checks one run.
+CheckResult check_layer(const MoeSpec& spec, const CheckOptions& options);
+// Checks one run with already generated weights (which must keep their host copy).
+CheckResult check_layer(const LayerWeights& weights, const CheckOptions& options);
+
+// Fills count bf16 elements with kPoisonBf16.
+void poison_bf16(void* out, std::size_t count, cudaStream_t stream);
+
+// Compares a whole output [T, H] (bf16 bits, copied back) with the reference for x and routing,
+// counting unwritten / non-finite elements over all of it. Fills every field but plan.
+CheckResult compare_with_reference(const LayerWeights& weights, const std::vector<std::uint16_t>& x_host,
+                                   const reference::Routing& routing, const std::vector<std::uint16_t>& out_host,
+                                   int max_reference_tokens, std::uint64_t sample_seed);
+
+}  // namespace hmoe::testkit

@@ -1,0 +1,111 @@
+// Runs the built `hmoe` binary with good and bad command lines: exit statuses (0 ok, 1 cannot run
+// here, 2 bad usage) and messages that name what was wrong.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+#include "testkit/device.hpp"
+
+namespace {
+
+struct CliResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+CliResult run_cli(const std::string& arguments) {
+  const std::string command = std::string("'") + HMOE_CLI_PATH + "' " + arguments + " 2>&1";
+  CliResult result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  std::size_t read = 0;
+  while ((read = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, read);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+void expect_usage_error(const std::string& arguments, const std::string& message_part) {
+  const CliResult result = run_cli(arguments);
+  EXPECT_EQ(result.exit_code, 2) << "hmoe " << arguments << "\n" << result.output;
+  EXPECT_TRUE(contains(result.output, message_part)) << "hmoe " << arguments << "\n" << result.output;
+  EXPECT_TRUE(contains(result.output, "usage: hmoe")) << "hmoe " << arguments << "\n" << result.output;
+}
+
+TEST(Cli, HelpExitsZero) {
+  for (const std::string arguments : {"--help", "-h", "info --help", "check --help", "bench --help"}) {
+    const CliResult result = run_cli(arguments);
+    EXPECT_EQ(result.exit_code, 0) << "hmoe " << arguments << "\n" << result.output;
+    EXPECT_TRUE(contains(result.output, "usage: hmoe")) << "hmoe " << arguments << "\n" << result.output;
+  }
+  EXPECT_TRUE(contains(run_cli("check --help").output, "--ref-tokens"));
+  EXPECT_TRUE(contains(run_cli("bench --help").output, "--orientation"));
+}
+
+TEST(Cli, UnknownOrMissingCommand) {
+  expect_usage_error("frobnicate", "unknown command 'frobnicate'");
+  expect_usage_error("", "missing command");
+}
+
+TEST(Cli, UnknownPresetIsNamed) {
+  expect_usage_error("check --model gpt-17 --tokens 1", "gpt-17");
+  expect_usage_error("bench --model gpt-17", "gpt-17");
+}
+
+TEST(Cli, MalformedTokenLists) {
+  for (const std::string tokens : {"1,,2", "1,x", "1,", "abc", "4.5", "1;2"})
+    expect_usage_error("check --model qwen3-30b-a3b --tokens '" + tokens + "'", "--tokens");
+  expect_usage_error("bench --model qwen3-30b-a3b --tokens 1,,2", "--tokens");
+}
+
+TEST(Cli, NonPositiveTokenCounts) {
+  expect_usage_error("check --model qwen3-30b-a3b --tokens 0", "--tokens");
+  expect_usage_error("check --model qwen3-30b-a3b --tokens 8,0", "--tokens");
+  expect_usage_error("check --model qwen3-30b-a3b --tokens -4", "--tokens");
+  expect_usage_error("bench --model qwen3-30b-a3b --tokens 0", "--tokens");
+}
+
+TEST(Cli, BadOptions) {
+  expect_usage_error("check --model qwen3-30b-a3b --frobnicate 1", "unknown option '--frobnicate'");
+  expect_usage_error("check --model", "--model needs a value");
+  expect_usage_error("check --tokens 1", "missing --model");
+  expect_usage_error("check --model qwen3-30b-a3b --model qwen3-30b-a3b", "given twice");
+  expect_usage_error("check --model qwen3-30b-a3b stray", "unexpected argument 'stray'");
+  expect_usage_error("check --model qwen3-30b-a3b --routing heavy", "--routing");
+  expect_usage_error("check --model qwen3-30b-a3b --entry ids", "--entry");
+  expect_usage_error("bench --model qwen3-30b-a3b --orientation sideways", "--orientation");
+  expect_usage_error("check --model qwen3-30b-a3b --seed -1", "--seed");
+  expect_usage_error("check --model qwen3-30b-a3b --ref-tokens 0", "--ref-tokens");
+  expect_usage_error("info --verbose", "unknown option '--verbose'");
+}
+
+TEST(Cli, Fp8IsNotImplementedYet) {
+  expect_usage_error("check --model qwen3-30b-a3b --dtype fp8-block", "not implemented");
+  expect_usage_error("bench --model mixtral-8x7b --dtype fp8-tensor", "not implemented");
+  expect_usage_error("check --model qwen3-30b-a3b --dtype fp16", "--dtype");
+}
+
+TEST(Cli, InfoListsPresets) {
+  const CliResult result = run_cli("info");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  for (const char* name : {"mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b-tp4", "deepseek-v3-tp8", "olmoe-1b-7b"})
+    EXPECT_TRUE(contains(result.output, name)) << result.output;
+  EXPECT_TRUE(contains(result.output, "device:")) << result.output;
+}
+
+TEST(Cli, GpuCommandsSayWhenThereIsNoHopperGpu) {
+  if (hmoe::testkit::hopper_gpu_available(nullptr)) GTEST_SKIP() << "a Hopper GPU is present: nothing to refuse";
+  for (const std::string arguments : {"check --model qwen3-30b-a3b --tokens 1", "bench --model qwen3-30b-a3b"}) {
+    const CliResult result = run_cli(arguments);
+    EXPECT_EQ(result.exit_code, 1) << "hmoe " << arguments << "\n" << result.output;
+    EXPECT_TRUE(contains(result.output, "no Hopper GPU")) << "hmoe " << arguments << "\n" << result.output;
+    EXPECT_EQ(result.output.find('\n'), result.output.size() - 1) << "expected one line:\n" << result.output;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,152 @@
+// Host-side argument checking of MoeRunner and the C API: runs without a GPU, since every check
+// happens before anything is enqueued.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "hmoe/hmoe.h"
+#include "hmoe/hmoe.hpp"
+
+namespace {
+
+// Never dereferenced: the checks under test reject the call (or return for T = 0) first.
+void* fake_device_pointer(std::uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+struct RunnerArgsTest : ::testing::Test {
+  hmoe::MoeSpec spec = hmoe::preset("qwen3-30b-a3b");
+  hmoe::MoeRunner runner{spec, hmoe::PlanOptions{64, hmoe::Orientation::kAuto}};
+  hmoe::RunArgs args;
+  std::int32_t* ids = static_cast<std::int32_t*>(fake_device_pointer(0x20000));
+  float* weights = static_cast<float*>(fake_device_pointer(0x30000));
+
+  void SetUp() override {
+    args.num_tokens = 16;
+    args.x = fake_device_pointer(0x1000);
+    args.out = fake_device_pointer(0x2000);
+    args.weights.w13 = fake_device_pointer(0x3000);
+    args.weights.w2 = fake_device_pointer(0x4000);
+    args.workspace = fake_device_pointer(0x10000);
+    args.workspace_size = runner.workspace_bytes();
+  }
+
+  std::string error_of_run() {
+    try {
+      runner.run_from_topk(args, ids, weights, nullptr);
+    } catch (const hmoe::Error& error) {
+      return error.what();
+    }
+    return "";
+  }
+};
+
+TEST_F(RunnerArgsTest, ZeroTokensReturnsWithoutTouchingTheDevice) {
+  args.num_tokens = 0;
+  EXPECT_NO_THROW(runner.run_from_topk(args, ids, weights, nullptr));
+  EXPECT_NO_THROW(runner.run_from_logits(args, fake_device_pointer(0x40000), nullptr));
+}
+
+TEST_F(RunnerArgsTest, TokenCountOutOfRangeIsNamed) {
+  args.num_tokens = 65;
+  EXPECT_NE(error_of_run().find("RunArgs.num_tokens = 65"), std::string::npos) << error_of_run();
+  args.num_tokens = -1;
+  EXPECT_NE(error_of_run().find("RunArgs.num_tokens = -1"), std::string::npos) << error_of_run();
+}
+
+TEST_F(RunnerArgsTest, NullPointersAreNamed) {
+  args.x = nullptr;
+  EXPECT_NE(error_of_run().find("RunArgs.x is null"), std::string::npos) << error_of_run();
+  SetUp();
+  args.out = nullptr;
+  EXPECT_NE(error_of_run().find("RunArgs.out is null"), std::string::npos) << error_of_run();
+  SetUp();
+  args.weights.w2 = nullptr;
+  EXPECT_NE(error_of_run().find("RunArgs.weights.w2 is null"), std::string::npos) << error_of_run();
+  SetUp();
+  ids = nullptr;
+  EXPECT_NE(error_of_run().find("topk_ids is null"), std::string::npos) << error_of_run();
+}
+
+TEST_F(RunnerArgsTest, MisalignedPointersAreRejected) {
+  args.x = fake_device_pointer(0x1002);
+  EXPECT_NE(error_of_run().find("RunArgs.x"), std::string::npos);
+  EXPECT_NE(error_of_run().find("16-byte aligned"), std::string::npos) << error_of_run();
+}
+
+TEST_F(RunnerArgsTest, SmallWorkspaceIsRejectedWithTheNeededSize) {
+  args.workspace_size = runner.workspace_bytes() - 1;
+  const std::string message = error_of_run();
+  EXPECT_NE(message.find("RunArgs.workspace_size"), std::string::npos) << message;
+  EXPECT_NE(message.find(std::to_string(runner.workspace_bytes())), std::string::npos) << message;
+}
+
+TEST(RunnerPlan, MaxTokensMustBePositive) {
+  const hmoe::MoeSpec spec = hmoe::preset("olmoe-1b-7b");
+  EXPECT_THROW(hmoe::MoeRunner(spec, hmoe::PlanOptions{0, hmoe::Orientation::kAuto}), hmoe::Error);
+}
+
+TEST(RunnerPlan, AutoOrientationSwapsForFewTokensPerExpert) {
+  const hmoe::MoeSpec spec = hmoe::preset("qwen3-30b-a3b");   // E = 128, k = 8
+  const hmoe::MoeRunner runner(spec, hmoe::PlanOptions{16384, hmoe::Orientation::kAuto});
+  EXPECT_EQ(runner.plan_info(1).orientation, hmoe::Orientation::kSwapAB);
+  EXPECT_EQ(runner.plan_info(1).token_tile, 8);
+  EXPECT_EQ(runner.plan_info(512).token_tile, 32);              // 32 tokens per expert
+  EXPECT_EQ(runner.plan_info(16384).orientation, hmoe::Orientation::kNormal);
+  const hmoe::MoeRunner forced(spec, hmoe::PlanOptions{16384, hmoe::Orientation::kNormal});
+  EXPECT_EQ(forced.plan_info(1).orientation, hmoe::Orientation::kNormal);
+  std::printf("qwen3-30b-a3b plans: T=1 %s, T=512 %s, T=16384 %s\n", runner.plan_info(1).gemm1_kernel.c_str(),
+              runner.plan_info(512).gemm1_kernel.c_str(), runner.plan_info(16384).gemm1_kernel.c_str());
+}
+
+TEST(RunnerPlan, WorkspaceGrowsWithMaxTokens) {
+  const hmoe::MoeSpec spec = hmoe::preset("deepseek-v3-tp8");
+  const hmoe::MoeRunner small(spec, hmoe::PlanOptions{1, hmoe::Orientation::kAuto});
+  const hmoe::MoeRunner large(spec, hmoe::PlanOptions{1024, hmoe::Orientation::kAuto});
+  // At least the gathered rows and the intermediate: T·k·(H + I) bf16.
+  EXPECT_GE(large.workspace_bytes(), 1024ull * 8 * (7168 + 256) * 2);
+  EXPECT_LT(small.workspace_bytes(), large.workspace_bytes());
+}
+
+TEST(CApi, BadSpecReturnsInvalidArgumentWithMessage) {
+  hmoe_spec spec{};
+  ASSERT_EQ(hmoe_spec_preset("mixtral-8x7b", &spec), HMOE_OK);
+  spec.top_k = 9;   // E = 8
+  hmoe_runner* runner = nullptr;
+  EXPECT_EQ(hmoe_runner_create(&spec, 16, 0, &runner), HMOE_INVALID_ARGUMENT);
+  EXPECT_EQ(runner, nullptr);
+  EXPECT_NE(std::string(hmoe_last_error()).find("top_k = 9"), std::string::npos) << hmoe_last_error();
+}
+
+TEST(CApi, UnknownPresetAndNullOutputsAreReported) {
+  hmoe_spec spec{};
+  EXPECT_EQ(hmoe_spec_preset("gpt-5", &spec), HMOE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hmoe_last_error()).find("gpt-5"), std::string::npos);
+  EXPECT_EQ(hmoe_spec_preset("olmoe-1b-7b", nullptr), HMOE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hmoe_last_error()).find("spec is null"), std::string::npos);
+}
+
+TEST(CApi, RunnerRoundTripAndZeroTokens) {
+  hmoe_spec spec{};
+  ASSERT_EQ(hmoe_spec_preset("deepseek-v3-tp8", &spec), HMOE_OK);
+  EXPECT_EQ(spec.routing_function, 1);
+  EXPECT_EQ(spec.num_groups, 8);
+  hmoe_runner* runner = nullptr;
+  ASSERT_EQ(hmoe_runner_create(&spec, 128, 2, &runner), HMOE_OK) << hmoe_last_error();
+  size_t bytes = 0;
+  ASSERT_EQ(hmoe_runner_workspace_bytes(runner, &bytes), HMOE_OK);
+  EXPECT_GT(bytes, 0u);
+  hmoe_run_args args{};
+  args.num_tokens = 0;
+  args.x = fake_device_pointer(0x1000);
+  args.out = fake_device_pointer(0x2000);
+  args.w13 = fake_device_pointer(0x3000);
+  args.w2 = fake_device_pointer(0x4000);
+  args.workspace = fake_device_pointer(0x10000);
+  args.workspace_size = bytes;
+  EXPECT_EQ(hmoe_run_from_logits(runner, &args, fake_device_pointer(0x5000), nullptr), HMOE_OK) << hmoe_last_error();
+  args.workspace_size = bytes - 256;
+  EXPECT_EQ(hmoe_run_from_logits(runner, &args, fake_device_pointer(0x5000), nullptr), HMOE_INVALID_ARGUMENT);
+  hmoe_runner_destroy(runner);
+}
+
+}  // namespace

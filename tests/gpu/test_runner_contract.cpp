@@ -1,0 +1,174 @@
+// MoeRunner's promises beyond accuracy: T = 0 touches nothing, out-of-range expert ids are counted
+// and contribute nothing, outputs are bit-identical run to run, and captured graphs replay correctly
+// with new input values in the same buffers.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <iostream>
+#include <limits>
+#include <vector>
+
+#include "gpu_test_support.hpp"
+#include "testkit/check.hpp"
+
+namespace hmoe::test {
+namespace {
+
+using testkit::DeviceBuffer;
+using testkit::Entry;
+using testkit::RoutingMode;
+
+// A runner planned for max_tokens with its workspace and one poisoned-able output.
+struct Harness {
+  Harness(const testkit::LayerWeights& weights, int max_tokens, Orientation orientation = Orientation::kAuto)
+      : runner(weights.spec, PlanOptions{max_tokens, orientation}),
+        workspace(runner.workspace_bytes()),
+        out_count(static_cast<std::size_t>(max_tokens) * weights.spec.hidden),
+        out(out_count * sizeof(std::uint16_t)) {}
+
+  RunArgs args(const testkit::LayerWeights& weights, const testkit::LayerInputs& inputs) const {
+    RunArgs run_args = testkit::run_args(weights, inputs, out.get());
+    run_args.workspace = workspace.get();
+    run_args.workspace_size = workspace.bytes();
+    return run_args;
+  }
+  std::vector<std::uint16_t> out_host(cudaStream_t stream) const {
+    return testkit::copy_to_host<std::uint16_t>(out.get(), out_count, stream);
+  }
+
+  MoeRunner runner;
+  DeviceBuffer workspace;
+  std::size_t out_count;
+  DeviceBuffer out;
+};
+
+std::vector<std::uint16_t> x_host(const testkit::LayerWeights& weights, const testkit::LayerInputs& inputs,
+                                  cudaStream_t stream) {
+  return testkit::copy_to_host<std::uint16_t>(inputs.x.get(),
+                                              static_cast<std::size_t>(inputs.num_tokens) * weights.spec.hidden, stream);
+}
+
+void expect_matches_reference(const testkit::CheckResult& result, const std::string& what) {
+  std::cout << "  " << what << ": rel_err " << result.rel_error << " over " << result.tokens_checked << "/"
+            << result.num_tokens << " tokens, unwritten " << result.unwritten << "\n";
+  EXPECT_EQ(result.unwritten, 0u) << what;
+  EXPECT_EQ(result.nonfinite, 0u) << what;
+  EXPECT_LE(result.rel_error, result.tolerance) << what;
+}
+
+TEST(RunnerContract, ZeroTokensTouchesNothing) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  const testkit::LayerWeights& weights = cached_weights("qwen3-30b-a3b");
+  const testkit::Stream stream;
+  for (Entry entry : {Entry::kLogits, Entry::kTopK}) {
+    const testkit::LayerInputs inputs =
+        testkit::make_layer_inputs(weights, 16, entry, {RoutingMode::kUniform, 1, 2}, stream.get());
+    const Harness harness(weights, 16);
+    testkit::poison_bf16(harness.out.get(), harness.out_count, stream.get());
+    RunArgs args = harness.args(weights, inputs);
+    args.num_tokens = 0;
+    testkit::run_layer(harness.runner, args, inputs, stream.get());
+    stream.synchronize();
+    for (std::uint16_t bits : harness.out_host(stream.get()))
+      ASSERT_EQ(bits, testkit::kPoisonBf16) << "T = 0 wrote the output (entry " << testkit::to_string(entry) << ")";
+  }
+}
+
+TEST(RunnerContract, OutOfRangeTopkIdsAreCountedAndContributeNothing) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  for (const char* preset_name : {"qwen3-30b-a3b", "deepseek-v3-tp8", "mixtral-8x7b"}) {
+    const testkit::LayerWeights& weights = cached_weights(preset_name);
+    const MoeSpec& spec = weights.spec;
+    const testkit::Stream stream;
+    // Few enough tokens that the reference checks every one of them, Mixtral included.
+    const int num_tokens = 6;
+    testkit::LayerInputs inputs =
+        testkit::make_layer_inputs(weights, num_tokens, Entry::kTopK, {RoutingMode::kUniform, 1, 3}, stream.get());
+    reference::Routing routing = testkit::host_routing(weights, inputs, stream.get());
+    const int k = spec.top_k;
+    const std::vector<std::pair<int, std::int32_t>> bad_slots = {
+        {1 * k + (k - 1), spec.num_experts},  // one past the end, in a token's last slot
+        {2 * k, -1},                          // negative, in a token's top slot
+        {5 * k + k / 2, std::numeric_limits<std::int32_t>::max()},
+        {0, std::numeric_limits<std::int32_t>::min()},
+    };
+    for (const auto& [slot, id] : bad_slots) routing.ids[slot] = id;
+    testkit::copy_to_device(inputs.topk_ids.get(), routing.ids, stream.get());
+
+    const Harness harness(weights, num_tokens);
+    DeviceBuffer invalid_count(sizeof(int));
+    HMOE_CUDA_CHECK(cudaMemsetAsync(invalid_count.get(), 0, sizeof(int), stream.get()));
+    testkit::poison_bf16(harness.out.get(), harness.out_count, stream.get());
+    RunArgs args = harness.args(weights, inputs);
+    args.invalid_id_count = invalid_count.as<int>();
+    testkit::run_layer(harness.runner, args, inputs, stream.get());
+    stream.synchronize();
+
+    EXPECT_EQ(testkit::copy_to_host<int>(invalid_count.get(), 1, stream.get())[0], static_cast<int>(bad_slots.size()))
+        << preset_name;
+    const testkit::CheckResult result = testkit::compare_with_reference(
+        weights, x_host(weights, inputs, stream.get()), routing, harness.out_host(stream.get()), num_tokens, 1);
+    expect_matches_reference(result, std::string(preset_name) + " with 4 out-of-range ids");
+  }
+}
+
+TEST(RunnerContract, OutputsAreBitIdenticalAcrossRuns) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  for (const std::string& preset_name : preset_names()) {
+    for (RoutingMode routing : {RoutingMode::kZipf, RoutingMode::kExtreme}) {
+      const testkit::LayerWeights& weights = cached_weights(preset_name);
+      const testkit::Stream stream;
+      const testkit::LayerInputs inputs =
+          testkit::make_layer_inputs(weights, 1000, Entry::kLogits, {routing, 1, 4}, stream.get());
+      const Harness harness(weights, 1000);
+      std::vector<std::uint16_t> outputs[2];
+      for (std::vector<std::uint16_t>& output : outputs) {
+        testkit::poison_bf16(harness.out.get(), harness.out_count, stream.get());
+        testkit::run_layer(harness.runner, harness.args(weights, inputs), inputs, stream.get());
+        stream.synchronize();
+        output = harness.out_host(stream.get());
+      }
+      EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].size() * sizeof(std::uint16_t)), 0)
+          << preset_name << " " << testkit::to_string(routing) << ": two runs of the same inputs differ";
+    }
+  }
+}
+
+TEST(RunnerContract, GraphReplaysSeeNewInputValues) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  const struct {
+    const char* preset_name;
+    Entry entry;
+  } cases[] = {{"qwen3-30b-a3b", Entry::kLogits}, {"deepseek-v3-tp8", Entry::kLogits}, {"olmoe-1b-7b", Entry::kTopK}};
+  for (const auto& [preset_name, entry] : cases) {
+    const testkit::LayerWeights& weights = cached_weights(preset_name);
+    const testkit::Stream stream;
+    const int num_tokens = 64;
+    testkit::LayerInputs inputs =
+        testkit::make_layer_inputs(weights, num_tokens, entry, {RoutingMode::kUniform, 1, 5}, stream.get());
+    const Harness harness(weights, num_tokens);
+    const RunArgs args = harness.args(weights, inputs);
+    const testkit::GraphExec graph = testkit::GraphExec::capture(
+        stream.get(), [&] { testkit::run_layer(harness.runner, args, inputs, stream.get()); });
+
+    std::vector<std::uint16_t> previous_out;
+    for (std::uint64_t input_seed : {5, 6}) {
+      testkit::fill_layer_inputs(inputs, weights, {RoutingMode::kZipf, 1, input_seed}, stream.get());
+      testkit::poison_bf16(harness.out.get(), harness.out_count, stream.get());
+      graph.launch(stream.get());
+      stream.synchronize();
+      const std::vector<std::uint16_t> out = harness.out_host(stream.get());
+      const testkit::CheckResult result =
+          testkit::compare_with_reference(weights, x_host(weights, inputs, stream.get()),
+                                          testkit::host_routing(weights, inputs, stream.get()), out,
+                                          reference_token_budget(weights.spec), input_seed);
+      expect_matches_reference(result, std::string(preset_name) + " graph replay, input seed " +
+                                           std::to_string(input_seed));
+      EXPECT_NE(out, previous_out) << preset_name << ": the replay ignored the new inputs";
+      previous_out = out;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hmoe::test

@@ -1,0 +1,101 @@
+// `hmoe check`: runs one preset at each requested token count and judges it against the float64
+// CPU reference (DESIGN.md §2); exits 0 only when every line passes.
+#include <cstdio>
+#include <exception>
+#include <iostream>
+
+#include "cli.hpp"
+#include "testkit/check.hpp"
+#include "testkit/cuda_handles.hpp"
+
+namespace hmoe::cli {
+namespace {
+
+constexpr const char* kCheckUsage =
+    "usage: hmoe check --model PRESET [--tokens T[,T...]] [--dtype bf16] [--routing uniform|zipf|extreme]\n"
+    "                  [--entry logits|topk] [--orientation auto|normal|swap] [--seed N] [--ref-tokens N]\n"
+    "  --model        a preset of DESIGN.md §3 (hmoe info lists them)\n"
+    "  --tokens       token counts to check, comma separated (default 1,7,64,1000)\n"
+    "  --dtype        weight/activation type (default bf16; FP8 is not implemented yet)\n"
+    "  --routing      expert load: uniform random, zipf popularity, or extreme (all to the same k)\n"
+    "  --entry        run_from_logits (default) or run_from_topk with generated ids and weights\n"
+    "  --orientation  GEMM orientation the runner is planned with (default auto)\n"
+    "  --seed         seed of weights and inputs (default 1)\n"
+    "  --ref-tokens   above this many tokens the reference checks a random sample of this many plus the\n"
+    "                 first and last token (default 256); unwritten outputs are counted over all tokens\n"
+    "prints one line per token count; exit 0 iff all pass, 1 if any fails or no Hopper GPU, 2 on bad usage\n";
+
+struct CheckCommand {
+  std::string preset_name;
+  MoeSpec spec;
+  std::vector<int> token_counts;
+  testkit::CheckOptions options;
+};
+
+CheckCommand parse_check(const ParsedOptions& parsed) {
+  if (!parsed.has("--model")) throw UsageError("missing --model PRESET");
+  CheckCommand command;
+  command.preset_name = parsed.get("--model", "");
+  command.spec = parse_preset(command.preset_name);
+  command.token_counts = parse_token_list(parsed.get("--tokens", "1,7,64,1000"));
+  require_bf16(parsed.get("--dtype", "bf16"));
+  command.options.routing = parse_routing(parsed.get("--routing", "uniform"));
+  command.options.entry = parse_entry_option(parsed.get("--entry", "logits"));
+  command.options.orientation = parse_orientation(parsed.get("--orientation", "auto"));
+  command.options.seed = parse_seed(parsed.get("--seed", "1"));
+  command.options.max_reference_tokens = parse_positive_int("--ref-tokens", parsed.get("--ref-tokens", "256"));
+  return command;
+}
+
+std::string check_line(const CheckCommand& command, int num_tokens, const testkit::CheckResult& result) {
+  char rel_error[32];
+  std::snprintf(rel_error, sizeof(rel_error), "%.3e", result.rel_error);
+  char reference_seconds[32];
+  std::snprintf(reference_seconds, sizeof(reference_seconds), "%.2fs", result.reference_seconds);
+  return command.preset_name + " T=" + std::to_string(num_tokens) +
+         " routing=" + testkit::to_string(command.options.routing) +
+         " entry=" + testkit::to_string(command.options.entry) +
+         " orientation=" + to_string(command.options.orientation) + " plan=" + plan_summary(result.plan) +
+         " rel_err=" + rel_error + " checked=" + std::to_string(result.tokens_checked) + "/" +
+         std::to_string(result.num_tokens) + (result.sampled ? "(sampled)" : "") +
+         " unwritten=" + std::to_string(result.unwritten) + " nonfinite=" + std::to_string(result.nonfinite) +
+         " ref=" + reference_seconds + (result.passed ? " PASS" : " FAIL");
+}
+
+}  // namespace
+
+int run_check(const std::vector<std::string>& args) {
+  CheckCommand command;
+  try {
+    const ParsedOptions parsed = parse_options(
+        args, {"--model", "--tokens", "--dtype", "--routing", "--entry", "--orientation", "--seed", "--ref-tokens"});
+    if (parsed.help) {
+      std::cout << kCheckUsage;
+      return 0;
+    }
+    command = parse_check(parsed);
+  } catch (const UsageError& error) {
+    return usage_error("check", error.what(), kCheckUsage);
+  }
+  if (report_if_no_hopper_gpu("check")) return kExitFailure;
+
+  try {
+    testkit::Stream stream;
+    const testkit::LayerWeights weights =
+        testkit::make_layer_weights(command.spec, command.options.seed, /*keep_host_copy=*/true, stream.get());
+    bool all_passed = true;
+    for (int num_tokens : command.token_counts) {
+      testkit::CheckOptions options = command.options;
+      options.num_tokens = num_tokens;
+      const testkit::CheckResult result = testkit::check_layer(weights, options);
+      std::cout << check_line(command, num_tokens, result) << std::endl;
+      all_passed = all_passed && result.passed;
+    }
+    return all_passed ? 0 : kExitFailure;
+  } catch (const std::exception& error) {
+    std::cerr << "hmoe check: error: " << error.what() << "\n";
+    return kExitFailure;
+  }
+}
+
+}  // namespace hmoe::cli

@@ -1,0 +1,61 @@
+// Shared pieces of the `hmoe` subcommands: option parsing, the value parsers whose failures are
+// usage errors (exit 2), and the entry points main() dispatches to.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "hmoe/hmoe.hpp"
+#include "testkit/random_inputs.hpp"
+
+namespace hmoe::cli {
+
+// Exit statuses: 1 = the command ran and failed (or cannot run here), 2 = it was called wrongly.
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+
+// A malformed command line; main prints the message and the command's usage, then exits 2.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ParsedOptions {
+  bool help = false;
+  std::map<std::string, std::string> values;  // "--name" → value
+
+  bool has(const std::string& name) const { return values.count(name) != 0; }
+  std::string get(const std::string& name, const std::string& fallback) const;
+};
+
+// Accepts "--name value" and "--name=value" for the names in value_options, and --help / -h.
+ParsedOptions parse_options(const std::vector<std::string>& args, const std::vector<std::string>& value_options);
+
+MoeSpec parse_preset(const std::string& name);
+// "1,2,4": positive integers separated by commas.
+std::vector<int> parse_token_list(const std::string& text);
+int parse_positive_int(const std::string& option, const std::string& text);
+std::uint64_t parse_seed(const std::string& text);
+Orientation parse_orientation(const std::string& text);
+testkit::RoutingMode parse_routing(const std::string& text);
+testkit::Entry parse_entry_option(const std::string& text);
+// Only bf16 runs today; the FP8 schemes are named so the message can say they are coming.
+void require_bf16(const std::string& dtype);
+
+// "<orientation> <weight_tile>x<token_tile>", e.g. "swap 64x16".
+std::string plan_summary(const PlanInfo& plan);
+// The one line a GPU command prints (to stderr) when this machine cannot run it.
+bool report_if_no_hopper_gpu(const std::string& command);
+
+// Prints "hmoe <command>: <message>" and the usage to stderr; returns kExitUsage.
+int usage_error(const std::string& command, const std::string& message, const char* usage);
+
+// Subcommands: take the arguments after the command name, return the exit status.
+int run_info(const std::vector<std::string>& args);
+int run_check(const std::vector<std::string>& args);
+int run_bench(const std::vector<std::string>& args);
+
+}  // namespace hmoe::cli

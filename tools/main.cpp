@@ -1,0 +1,38 @@
+// `hmoe`: inspect the device and kernels (info), check layers against the CPU reference (check),
+// and time them against the hardware floor (bench).
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: hmoe <command> [options]\n"
+    "commands:\n"
+    "  info    device, presets and the kernels each plan uses\n"
+    "  check   run layers and compare them with the float64 CPU reference\n"
+    "  bench   time layers as CUDA-graph replays against the measured hardware floor\n"
+    "run 'hmoe <command> --help' for the options of a command\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    std::cerr << "hmoe: missing command\n" << kUsage;
+    return hmoe::cli::kExitUsage;
+  }
+  const std::string& command = args[0];
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (command == "--help" || command == "-h" || command == "help") {
+    std::cout << kUsage;
+    return 0;
+  }
+  if (command == "info") return hmoe::cli::run_info(rest);
+  if (command == "check") return hmoe::cli::run_check(rest);
+  if (command == "bench") return hmoe::cli::run_bench(rest);
+  std::cerr << "hmoe: unknown command '" << command << "'\n" << kUsage;
+  return hmoe::cli::kExitUsage;
+}
