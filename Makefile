@@ -4,6 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 PRESET ?= qwen3-30b-a3b
 CMAKE_FLAGS ?=
+MAKEFLAGS += --no-print-directory
 
 .PHONY: all setup configure build test bench clean
 

@@ -145,6 +145,12 @@ class MoeRunner {
   std::size_t workspace_bytes_ = 0;
 };
 
+// hmoe's version ("0.1.0").
+std::string version();
+// Names of every compiled expert-GEMM variant (all kernels are built ahead of time; nothing is
+// compiled at run time).
+std::vector<std::string> compiled_kernels();
+
 // Short names used by the CLI and messages ("bf16", "fp8-block", "softmax", "grouped", ...).
 std::string to_string(WeightDType value);
 std::string to_string(QuantScheme value);

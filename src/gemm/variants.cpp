@@ -1,6 +1,11 @@
 // Builds the variant table from the generated list (one entry per generated translation unit).
 #include "gemm/variants.hpp"
 
+#include <string>
+#include <vector>
+
+#include "hmoe/hmoe.hpp"
+
 namespace hmoe::gemm {
 
 #define HMOE_GEMM_VARIANT(name, epilogue, swap_ab, token_tile, weight_tile, stages) \
@@ -27,3 +32,15 @@ const GemmVariant* find_gemm_variant(EpilogueKind epilogue, bool swap_ab, int to
 }
 
 }  // namespace hmoe::gemm
+
+namespace hmoe {
+
+std::string version() { return HMOE_VERSION; }
+
+std::vector<std::string> compiled_kernels() {
+  std::vector<std::string> names;
+  for (const gemm::GemmVariant& variant : gemm::gemm_variants()) names.emplace_back(variant.name);
+  return names;
+}
+
+}  // namespace hmoe
