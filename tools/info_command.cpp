@@ -1,8 +1,10 @@
-// `hmoe info`: what this build can run and where — the device, the presets, and the kernels the
-// runner's plan picks for a few token counts.
+// `hmoe info`: what this build can run and where — the version, the device, the presets, the compiled
+// GEMM kernel variants, and the kernels the runner's plan picks for a few token counts.
 #include <cstdio>
 #include <exception>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "cli.hpp"
 #include "testkit/device.hpp"
@@ -12,8 +14,9 @@ namespace {
 
 constexpr const char* kInfoUsage =
     "usage: hmoe info\n"
-    "prints the device (or why there is no usable Hopper GPU), the presets of DESIGN.md §3, and the\n"
-    "GEMM kernels MoeRunner plans for a decode, a mid and a prefill token count of each preset\n";
+    "prints the hmoe version, the device (or why there is no usable Hopper GPU), the presets of\n"
+    "DESIGN.md §3, every compiled GEMM kernel variant, and the kernels MoeRunner plans for a decode,\n"
+    "a mid and a prefill token count of each preset\n";
 
 // Decode, the Swap-AB/normal crossover region, and prefill.
 constexpr int kPlannedTokenCounts[] = {1, 64, 4096};
@@ -37,6 +40,12 @@ void print_presets() {
                     ? " (no renormalise)"
                     : "");
   }
+}
+
+void print_compiled_kernels() {
+  const std::vector<std::string> kernels = compiled_kernels();
+  std::printf("compiled kernels (%zu):\n", kernels.size());
+  for (const std::string& kernel : kernels) std::printf("  %s\n", kernel.c_str());
 }
 
 void print_plans() {
@@ -69,10 +78,10 @@ int run_info(const std::vector<std::string>& args) {
   } catch (const UsageError& error) {
     return usage_error("info", error.what(), kInfoUsage);
   }
-  // NOTE: the library exposes no version yet; the CMake project version is not compiled in.
-  std::printf("hmoe: version not exposed by the library\n");
+  std::printf("hmoe %s\n", version().c_str());
   print_device();
   print_presets();
+  print_compiled_kernels();
   print_plans();
   return 0;
 }

@@ -5,7 +5,9 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
+#include "hmoe/hmoe.hpp"
 #include "testkit/device.hpp"
 
 namespace {
@@ -96,6 +98,25 @@ TEST(Cli, InfoListsPresets) {
   for (const char* name : {"mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b-tp4", "deepseek-v3-tp8", "olmoe-1b-7b"})
     EXPECT_TRUE(contains(result.output, name)) << result.output;
   EXPECT_TRUE(contains(result.output, "device:")) << result.output;
+}
+
+// Works with or without a GPU: the version and the compiled kernel list come from the library alone.
+TEST(Cli, InfoPrintsVersionAndCompiledKernels) {
+  const CliResult result = run_cli("info");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "hmoe 0.1.0\n")) << result.output;
+  EXPECT_FALSE(contains(result.output, "version not exposed")) << result.output;
+  EXPECT_TRUE(contains(result.output, "compiled kernels")) << result.output;
+  const std::vector<std::string> kernels = hmoe::compiled_kernels();
+  ASSERT_FALSE(kernels.empty());
+  bool listed_swap = false;
+  for (const std::string& kernel : kernels) {
+    EXPECT_TRUE(contains(result.output, "  " + kernel + "\n")) << kernel << " not listed:\n" << result.output;
+    if (kernel.find("swap") != std::string::npos) listed_swap = true;
+  }
+  EXPECT_TRUE(listed_swap) << "no Swap-AB variant compiled";
+  if (!hmoe::testkit::hopper_gpu_available(nullptr))
+    EXPECT_TRUE(contains(result.output, "device: no Hopper GPU")) << result.output;
 }
 
 TEST(Cli, GpuCommandsSayWhenThereIsNoHopperGpu) {

@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <iostream>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,12 @@ std::vector<LayerCase> layer_cases() {
       cases.push_back({name, 1000, RoutingMode::kExtreme, Entry::kLogits, orientation});
   }
   return cases;
+}
+
+// gtest prints the parameter of a failing or listed case with this instead of a byte dump.
+void PrintTo(const LayerCase& layer_case, std::ostream* os) {
+  *os << layer_case.preset_name << " T=" << layer_case.num_tokens << " " << testkit::to_string(layer_case.routing)
+      << " " << testkit::to_string(layer_case.entry) << " " << to_string(layer_case.orientation);
 }
 
 std::string case_name(const testing::TestParamInfo<LayerCase>& info) {
