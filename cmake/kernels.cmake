@@ -3,12 +3,14 @@
 # Each entry: name epilogue swap_ab token_tile weight_tile stages.
 set(HMOE_GEMM_VARIANTS
   "swiglu_normal_t64_w128 kSwiGlu false 64 128 4"
+  "swiglu_normal_t128_w256 kSwiGlu false 128 256 4"
   "swiglu_swap_t8_w64 kSwiGlu true 8 64 8"
   "swiglu_swap_t16_w64 kSwiGlu true 16 64 8"
   "swiglu_swap_t32_w64 kSwiGlu true 32 64 6"
   "swiglu_swap_t64_w64 kSwiGlu true 64 64 5"
   "swiglu_swap_t128_w64 kSwiGlu true 128 64 4"
   "weighted_normal_t64_w128 kRoutingWeight false 64 128 4"
+  "weighted_normal_t128_w256 kRoutingWeight false 128 256 4"
   "weighted_swap_t8_w64 kRoutingWeight true 8 64 8"
   "weighted_swap_t16_w64 kRoutingWeight true 16 64 8"
   "weighted_swap_t32_w64 kRoutingWeight true 32 64 6"

@@ -27,7 +27,9 @@ Plan choose_plan(const MoeSpec& spec, int num_tokens, Orientation orientation) {
     const int limit = orientation == Orientation::kSwapAB ? 128 : 64;
     plan.token_tile = std::clamp(next_power_of_two(tokens_per_expert), kMinTokenTile, limit);
   } else {
-    plan.token_tile = 64;
+    // 128×256 tiles (two consumer warpgroups) once an expert's tokens fill them; smaller experts
+    // would pad most of the 128 token rows.
+    plan.token_tile = tokens_per_expert >= 128.0 ? 128 : 64;
   }
   plan.gemm1 = gemm::find_gemm_variant(gemm::EpilogueKind::kSwiGlu, plan.swap_ab, plan.token_tile);
   plan.gemm2 = gemm::find_gemm_variant(gemm::EpilogueKind::kRoutingWeight, plan.swap_ab, plan.token_tile);

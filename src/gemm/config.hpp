@@ -28,10 +28,11 @@ struct GemmConfig {
   static constexpr int kTokenTile = kTokenTile_;     // token rows per tile
   static constexpr int kWeightTile = kWeightTile_;   // weight rows per tile
   static constexpr int kStages = kStages_;
-  // WGMMA's A operand is always 64 rows (one consumer warpgroup); B is the other operand.
+  // WGMMA's A operand: 64 rows per consumer warpgroup; B is the other operand, shared by them.
   static constexpr int kTileM = kSwapAB ? kWeightTile : kTokenTile;
   static constexpr int kTileN = kSwapAB ? kTokenTile : kWeightTile;
-  static_assert(kTileM == 64, "one consumer warpgroup computes 64 rows");
+  static constexpr int kConsumers = kTileM / 64;
+  static_assert(kTileM == 64 || kTileM == 128, "one or two consumer warpgroups of 64 rows each");
   static_assert(kTileN % 8 == 0 && kTileN >= 8 && kTileN <= 256, "wgmma N is a multiple of 8 up to 256");
   static constexpr int kABytes = kTileM * kBlockK * 2;
   static constexpr int kBBytes = kTileN * kBlockK * 2;
@@ -39,7 +40,7 @@ struct GemmConfig {
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "swizzle atoms are 1024 bytes");
   // + 1024 to align the dynamic buffer, + the barriers.
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 2 * kStages * 8;
-  static constexpr int kThreads = 256;               // consumer warpgroup + producer warpgroup
+  static constexpr int kThreads = 128 * (kConsumers + 1);  // consumer warpgroup(s) + producer warpgroup
 };
 
 // One launch: tokens [token_rows, K] (expert-sorted), weights [experts × weight_rows, K].

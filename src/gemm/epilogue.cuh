@@ -29,7 +29,7 @@ struct Epilogue<GemmConfig<EpilogueKind::kSwiGlu, kSwapAB, kTokenTile, kWeightTi
   static __device__ void apply(const float (&acc)[Config::kTileN / 2], const WorkItem& item,
                                const EpilogueArgs& args) {
     auto* out = static_cast<__nv_bfloat16*>(args.out);
-    const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;   // warp counts across consumer warpgroups
     const int weight_row0 = item.weight_tile * kWeightTile;
     if constexpr (!kSwapAB) {
       // Columns 8j (gate) and 8j+8 (up) of the fragment are one SwiGLU pair.
@@ -72,7 +72,7 @@ struct Epilogue<GemmConfig<EpilogueKind::kRoutingWeight, kSwapAB, kTokenTile, kW
   static __device__ void apply(const float (&acc)[Config::kTileN / 2], const WorkItem& item,
                                const EpilogueArgs& args) {
     auto* out = static_cast<__nv_bfloat16*>(args.out);
-    const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;   // warp counts across consumer warpgroups
     const int weight_row0 = item.weight_tile * kWeightTile;
     if constexpr (!kSwapAB) {
       #pragma unroll

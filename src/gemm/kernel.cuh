@@ -12,6 +12,8 @@
 #include "gemm/scheduler.cuh"
 #include "gemm/tensor_map.hpp"
 
+#include <cutlass/arch/reg_reconfig.h>
+
 namespace hmoe::gemm {
 
 struct KernelArgs {
@@ -33,21 +35,26 @@ __global__ void __launch_bounds__(Config::kThreads, 1) expert_gemm_kernel(const 
   if (threadIdx.x == 0) {
     for (int stage = 0; stage < Config::kStages; ++stage) {
       ptx::Barrier::init(&smem.full[stage], 1);
-      ptx::Barrier::init(&smem.empty[stage], 4);   // one arrival per consumer warp
+      ptx::Barrier::init(&smem.empty[stage], 4 * Config::kConsumers);   // one arrival per consumer warp
     }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
 
   PersistentScheduler scheduler(args.work, args.weight_tiles);
-  if (threadIdx.x >= 128) {
-    if (threadIdx.x == 128) {
+  constexpr int kProducerThread = 128 * Config::kConsumers;
+  if (threadIdx.x >= kProducerThread) {
+    // NOTE: with two consumer warpgroups the 128×256 accumulators need more than the 170 registers
+    // an even split of the file gives; the producer needs few, so it hands them over.
+    if constexpr (Config::kConsumers == 2) cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (threadIdx.x == kProducerThread) {
       cute::prefetch_tma_descriptor(&args.token_map);
       cute::prefetch_tma_descriptor(&args.weight_map);
       produce<Config>(smem, &args.token_map, &args.weight_map, scheduler, args.epilogue.weight_rows, args.k_blocks);
     }
     return;
   }
+  if constexpr (Config::kConsumers == 2) cutlass::arch::warpgroup_reg_alloc<232>();
   PipelineState state;
   WorkItem item;
   float accumulator[Config::kTileN / 2];

@@ -86,8 +86,9 @@ __device__ __forceinline__ void wgmma_bf16(std::uint64_t a, std::uint64_t b, flo
                          accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
 }
 
-// Accumulates one work item's [64 × kTileN] product over K into `accumulator` (the wgmma fragment:
-// element 4j + r sits at row 16·warp + lane/4 + 8·(r/2), column 8j + 2·(lane%4) + r%2).
+// Accumulates this warpgroup's 64 rows of one work item's [kTileM × kTileN] product over K into
+// `accumulator` (the wgmma fragment: element 4j + r sits at row 64·warpgroup + 16·warp + lane/4 +
+// 8·(r/2), column 8j + 2·(lane%4) + r%2).
 template <class Config>
 __device__ void consume(const SharedStorage<Config>& smem, PipelineState& state, int k_blocks,
                         float (&accumulator)[Config::kTileN / 2]) {
@@ -99,7 +100,8 @@ __device__ void consume(const SharedStorage<Config>& smem, PipelineState& state,
     #pragma unroll
     for (int i = 0; i < kFragment; ++i) cute::warpgroup_fence_operand(accumulator[i]);
     cute::warpgroup_arrive();
-    const std::uint64_t a = ptx::sw128_kmajor_descriptor(smem.a_tile(state.stage));
+    // Each consumer warpgroup multiplies its own 64 rows of A (64 rows × 128 B = 8 KB apart).
+    const std::uint64_t a = ptx::sw128_kmajor_descriptor(smem.a_tile(state.stage) + (threadIdx.x / 128) * 64 * 128);
     const std::uint64_t b = ptx::sw128_kmajor_descriptor(smem.b_tile(state.stage));
     #pragma unroll
     for (int k_step = 0; k_step < kBlockK / 16; ++k_step) {
