@@ -59,6 +59,7 @@ WorkspaceLayout workspace_layout(const MoeSpec& spec, int max_tokens) {
                                                                  kMinTokenTile)) * sizeof(TokenTile));
   layout.slot_rows = region(entries * 4);
   layout.row_weights = region(entries * 4);
+  layout.sorted_tokens = region(entries * 4);
   layout.sorted_rows = region(entries * spec.hidden * 2);
   layout.intermediate = region(entries * spec.intermediate * 2);
   layout.total = offset;

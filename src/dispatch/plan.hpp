@@ -29,6 +29,7 @@ struct WorkspaceLayout {
   std::size_t tiles = 0;          // [max_token_tiles] TokenTile
   std::size_t slot_rows = 0;      // [T·k] int32
   std::size_t row_weights = 0;    // [T·k] fp32
+  std::size_t sorted_tokens = 0;  // [T·k] int32: token of each expert-sorted row
   std::size_t sorted_rows = 0;    // [T·k, H] bf16: gathered x, then (reused) GEMM2's output
   std::size_t intermediate = 0;   // [T·k, I] bf16: SwiGLU output
   std::size_t total = 0;

@@ -108,9 +108,11 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   buffers.tiles = at<TokenTile>(args.workspace, layout.tiles);
   buffers.slot_rows = at<int>(args.workspace, layout.slot_rows);
   buffers.row_weights = at<float>(args.workspace, layout.row_weights);
+  buffers.sorted_tokens = at<int>(args.workspace, layout.sorted_tokens);
   buffers.sorted_x = at<void>(args.workspace, layout.sorted_rows);
   permute::launch_permute(topk_ids, topk_weights, args.x, tokens, spec_.top_k, spec_.num_experts, spec_.hidden,
                           plan.token_tile, buffers, args.invalid_id_count, stream);
+  void* sorted_rows = buffers.sorted_x;
 
   const int sms = device_sm_count();
   const WorkList work{buffers.num_tiles, buffers.tiles};
@@ -137,12 +139,12 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   gemm2.weights = args.weights.w2;
   gemm2.weight_rows = spec_.hidden;
   gemm2.k = spec_.intermediate;
-  gemm2.out = buffers.sorted_x;
+  gemm2.out = sorted_rows;
   gemm2.out_cols = spec_.hidden;
   gemm2.row_weights = buffers.row_weights;
   plan.gemm2->launch(gemm2, stream);
 
-  combine::launch_combine(buffers.sorted_x, buffers.slot_rows, tokens, spec_.top_k, spec_.hidden, args.out, stream);
+  combine::launch_combine(sorted_rows, buffers.slot_rows, tokens, spec_.top_k, spec_.hidden, args.out, stream);
 }
 
 }  // namespace hmoe

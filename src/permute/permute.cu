@@ -10,6 +10,9 @@ namespace hmoe::permute {
 namespace {
 
 constexpr int kScanThreads = 1024;
+// Up to this many (token, slot) pairs one block does the whole stage (T ≤ 1024 at k = 8); above it
+// the count and the row assignment spread over the chip.
+constexpr int kSingleBlockEntries = 8192;
 
 __global__ void count_experts_kernel(const int* __restrict__ topk_ids, int entries, int experts,
                                      int* __restrict__ expert_counts, int* __restrict__ invalid_id_count) {
@@ -30,34 +33,25 @@ __global__ void count_experts_kernel(const int* __restrict__ topk_ids, int entri
     if (block_counts[e] != 0) atomicAdd(&expert_counts[e], block_counts[e]);
 }
 
-// One block: expert offsets (exclusive scan of counts), then the tile list, filled cooperatively
-// so that one expert holding every token does not serialise on one thread.
-__global__ void __launch_bounds__(kScanThreads) build_work_list_kernel(
-    const int* __restrict__ expert_counts, int experts, int token_tile, int* __restrict__ expert_cursor,
-    int* __restrict__ expert_offsets, int* __restrict__ num_tiles, TokenTile* __restrict__ tiles) {
+// Called by all kScanThreads threads of one block, thread e holding expert e's token count:
+// expert offsets (exclusive scan of the counts), then the tile list, filled cooperatively so that
+// one expert holding every token does not serialise on one thread. Returns expert e's first row.
+__device__ int plan_tiles(int count, int experts, int token_tile, int* __restrict__ expert_offsets,
+                          int* __restrict__ num_tiles, TokenTile* __restrict__ tiles) {
   using Scan = cub::BlockScan<int, kScanThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ int tile_offsets[kScanThreads + 1];
-  __shared__ int row_offsets[kScanThreads + 1];
+  __shared__ int tile_offsets[kScanThreads];
+  __shared__ int row_offsets[kScanThreads];
   const int e = threadIdx.x;
-  const int count = e < experts ? expert_counts[e] : 0;
   int row_offset = 0, total_rows = 0;
   Scan(scan_storage).ExclusiveSum(count, row_offset, total_rows);
   __syncthreads();
-  const int expert_tiles = (count + token_tile - 1) / token_tile;
   int tile_offset = 0, total_tiles = 0;
-  Scan(scan_storage).ExclusiveSum(expert_tiles, tile_offset, total_tiles);
+  Scan(scan_storage).ExclusiveSum((count + token_tile - 1) / token_tile, tile_offset, total_tiles);
   row_offsets[e] = row_offset;
   tile_offsets[e] = tile_offset;
-  if (e == 0) {
-    row_offsets[kScanThreads] = total_rows;
-    tile_offsets[kScanThreads] = total_tiles;
-    *num_tiles = total_tiles;
-  }
-  if (e < experts) {
-    expert_offsets[e] = row_offset;
-    expert_cursor[e] = row_offset;
-  }
+  if (e == 0) *num_tiles = total_tiles;
+  if (e < experts) expert_offsets[e] = row_offset;
   if (e == 0) expert_offsets[experts] = total_rows;
   __syncthreads();
   for (int tile = threadIdx.x; tile < total_tiles; tile += blockDim.x) {
@@ -71,28 +65,80 @@ __global__ void __launch_bounds__(kScanThreads) build_work_list_kernel(
     const int begin = row_offsets[low] + (tile - tile_offsets[low]) * token_tile;
     tiles[tile] = TokenTile{low, begin, min(begin + token_tile, expert_end), 0};
   }
+  return row_offset;
 }
 
-// One warp per (token, slot): claim a row of its expert, then copy the token's x row there.
-__global__ void scatter_rows_kernel(const int* __restrict__ topk_ids, const float* __restrict__ topk_weights,
-                                    const uint4* __restrict__ x, int entries, int top_k, int experts,
-                                    int vectors_per_row, int* __restrict__ expert_cursor,
-                                    int* __restrict__ slot_rows, float* __restrict__ row_weights,
-                                    uint4* __restrict__ sorted_x) {
-  const int entry = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
+__global__ void __launch_bounds__(kScanThreads) build_work_list_kernel(
+    const int* __restrict__ expert_counts, int experts, int token_tile, int* __restrict__ expert_cursor,
+    int* __restrict__ expert_offsets, int* __restrict__ num_tiles, TokenTile* __restrict__ tiles) {
+  const int e = threadIdx.x;
+  const int row_offset =
+      plan_tiles(e < experts ? expert_counts[e] : 0, experts, token_tile, expert_offsets, num_tiles, tiles);
+  if (e < experts) expert_cursor[e] = row_offset;
+}
+
+// The whole permute stage in one block, for few (token, slot) pairs: at decode sizes the stage is
+// launch-bound, and one launch replaces four (memset, count, work list, row assignment).
+__global__ void __launch_bounds__(kScanThreads) permute_single_block_kernel(
+    const int* __restrict__ topk_ids, const float* __restrict__ topk_weights, int entries, int top_k, int experts,
+    int token_tile, int* __restrict__ expert_offsets, int* __restrict__ num_tiles, TokenTile* __restrict__ tiles,
+    int* __restrict__ slot_rows, float* __restrict__ row_weights, int* __restrict__ sorted_tokens,
+    int* __restrict__ invalid_id_count) {
+  __shared__ int counts[kScanThreads];
+  counts[threadIdx.x] = 0;
+  __syncthreads();
+  int invalid = 0;
+  for (int i = threadIdx.x; i < entries; i += kScanThreads) {
+    const int expert = topk_ids[i];
+    if (expert >= 0 && expert < experts) atomicAdd(&counts[expert], 1); else ++invalid;
+  }
+  if (invalid != 0 && invalid_id_count != nullptr) atomicAdd(invalid_id_count, invalid);
+  __syncthreads();
+  const int row_offset = plan_tiles(counts[threadIdx.x], experts, token_tile, expert_offsets, num_tiles, tiles);
+  __syncthreads();
+  counts[threadIdx.x] = row_offset;   // from here on: each expert's next free row
+  __syncthreads();
+  for (int entry = threadIdx.x; entry < entries; entry += kScanThreads) {
+    const int expert = topk_ids[entry];
+    if (expert < 0 || expert >= experts) {
+      slot_rows[entry] = -1;
+      continue;
+    }
+    const int row = atomicAdd(&counts[expert], 1);
+    slot_rows[entry] = row;
+    row_weights[row] = topk_weights[entry];
+    sorted_tokens[row] = entry / top_k;
+  }
+}
+
+// One thread per (token, slot): claim a row of its expert and record which token fills it.
+__global__ void assign_rows_kernel(const int* __restrict__ topk_ids, const float* __restrict__ topk_weights,
+                                   int entries, int top_k, int experts, int* __restrict__ expert_cursor,
+                                   int* __restrict__ slot_rows, float* __restrict__ row_weights,
+                                   int* __restrict__ sorted_tokens) {
+  const int entry = blockIdx.x * blockDim.x + threadIdx.x;
   if (entry >= entries) return;
   const int expert = topk_ids[entry];
-  const bool valid = expert >= 0 && expert < experts;
-  int row = -1;
-  if (lane == 0 && valid) row = atomicAdd(&expert_cursor[expert], 1);
-  row = __shfl_sync(0xffffffffu, row, 0);
-  if (lane == 0) {
-    slot_rows[entry] = row;
-    if (valid) row_weights[row] = topk_weights[entry];
+  if (expert < 0 || expert >= experts) {
+    slot_rows[entry] = -1;
+    return;
   }
-  if (!valid) return;
-  const uint4* source = x + static_cast<long long>(entry / top_k) * vectors_per_row;
+  const int row = atomicAdd(&expert_cursor[expert], 1);
+  slot_rows[entry] = row;
+  row_weights[row] = topk_weights[entry];
+  sorted_tokens[row] = entry / top_k;
+}
+
+// One warp per expert-sorted row: copy the x row of the token that fills it (16-byte vectors).
+// NOTE: GEMM1 could read x rows in place with one 128-byte TMA box per row, but at 128-row tiles
+// the per-row TMA requests cost ~60 cycles each and made prefill 2.8× slower (docs/PERF.md, v2).
+__global__ void gather_rows_kernel(const uint4* __restrict__ x, const int* __restrict__ sorted_tokens,
+                                   const int* __restrict__ expert_offsets, int experts, int vectors_per_row,
+                                   uint4* __restrict__ sorted_x) {
+  const int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= expert_offsets[experts]) return;   // rows past the valid (token, slot) pairs
+  const uint4* source = x + static_cast<long long>(sorted_tokens[row]) * vectors_per_row;
   uint4* destination = sorted_x + static_cast<long long>(row) * vectors_per_row;
   for (int v = lane; v < vectors_per_row; v += 32) destination[v] = source[v];
 }
@@ -100,24 +146,35 @@ __global__ void scatter_rows_kernel(const int* __restrict__ topk_ids, const floa
 }  // namespace
 
 void launch_permute(const int* topk_ids, const float* topk_weights, const void* x, int num_tokens, int top_k,
-                    int experts, int hidden, int token_tile, const PermuteBuffers& buffers,
-                    int* invalid_id_count, cudaStream_t stream) {
+                    int experts, int hidden, int token_tile, const PermuteBuffers& buffers, int* invalid_id_count,
+                    cudaStream_t stream) {
   if (experts > kScanThreads) throw Error("hmoe: permute supports at most 1024 experts");
   const int entries = num_tokens * top_k;
-  // expert_counts is the first of the counters; only it needs zeroing (the others are written).
-  HMOE_CUDA_CHECK(cudaMemsetAsync(buffers.expert_counts, 0, sizeof(int) * experts, stream));
-  const int count_blocks = std::min((entries + 255) / 256, 264);
-  count_experts_kernel<<<count_blocks, 256, sizeof(int) * experts, stream>>>(topk_ids, entries, experts,
-                                                                             buffers.expert_counts, invalid_id_count);
-  HMOE_CUDA_CHECK(cudaGetLastError());
-  build_work_list_kernel<<<1, kScanThreads, 0, stream>>>(buffers.expert_counts, experts, token_tile,
-                                                         buffers.expert_cursor, buffers.expert_offsets,
-                                                         buffers.num_tiles, buffers.tiles);
-  HMOE_CUDA_CHECK(cudaGetLastError());
-  const int warps_per_block = 8;
-  scatter_rows_kernel<<<(entries + warps_per_block - 1) / warps_per_block, warps_per_block * 32, 0, stream>>>(
-      topk_ids, topk_weights, static_cast<const uint4*>(x), entries, top_k, experts, hidden / 8,
-      buffers.expert_cursor, buffers.slot_rows, buffers.row_weights, static_cast<uint4*>(buffers.sorted_x));
+  if (entries <= kSingleBlockEntries) {
+    permute_single_block_kernel<<<1, kScanThreads, 0, stream>>>(
+        topk_ids, topk_weights, entries, top_k, experts, token_tile, buffers.expert_offsets, buffers.num_tiles,
+        buffers.tiles, buffers.slot_rows, buffers.row_weights, buffers.sorted_tokens, invalid_id_count);
+    HMOE_CUDA_CHECK(cudaGetLastError());
+  } else {
+    // expert_counts is the only counter that needs zeroing (the others are written whole).
+    HMOE_CUDA_CHECK(cudaMemsetAsync(buffers.expert_counts, 0, sizeof(int) * experts, stream));
+    const int count_blocks = std::min((entries + 255) / 256, 264);
+    count_experts_kernel<<<count_blocks, 256, sizeof(int) * experts, stream>>>(
+        topk_ids, entries, experts, buffers.expert_counts, invalid_id_count);
+    HMOE_CUDA_CHECK(cudaGetLastError());
+    build_work_list_kernel<<<1, kScanThreads, 0, stream>>>(buffers.expert_counts, experts, token_tile,
+                                                           buffers.expert_cursor, buffers.expert_offsets,
+                                                           buffers.num_tiles, buffers.tiles);
+    HMOE_CUDA_CHECK(cudaGetLastError());
+    assign_rows_kernel<<<(entries + 255) / 256, 256, 0, stream>>>(topk_ids, topk_weights, entries, top_k, experts,
+                                                                   buffers.expert_cursor, buffers.slot_rows,
+                                                                   buffers.row_weights, buffers.sorted_tokens);
+    HMOE_CUDA_CHECK(cudaGetLastError());
+  }
+  constexpr int kWarpsPerBlock = 8;
+  gather_rows_kernel<<<(entries + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, 0, stream>>>(
+      static_cast<const uint4*>(x), buffers.sorted_tokens, buffers.expert_offsets, experts, hidden / 8,
+      static_cast<uint4*>(buffers.sorted_x));
   HMOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,5 +1,6 @@
-// Permute stage: from top-k ids, count tokens per expert, build the GEMM work list, and gather each
-// (token, slot) row of x into expert-sorted order — all on the device, no host synchronisation.
+// Permute stage: from top-k ids, count tokens per expert, build the GEMM work list, and give each
+// (token, slot) pair a row in expert-sorted order, then gather x into those rows — all on the
+// device, no host synchronisation.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,12 +17,14 @@ struct PermuteBuffers {
   TokenTile* tiles;         // [max_token_tiles(T·k, E, token_tile)]
   int* slot_rows;           // [T·k]: sorted row of (token, slot), -1 for an invalid id
   float* row_weights;       // [T·k]: routing weight of each sorted row
-  void* sorted_x;           // [T·k, H] bf16
+  int* sorted_tokens;       // [T·k]: token of each sorted row
+  void* sorted_x;           // [T·k, H] bf16: x rows in expert-sorted order (GEMM1's token operand)
 };
 
-// Enqueues: zero the counts, count, build the work list, scatter. x rows are 16-byte aligned (H % 8 == 0).
+// Enqueues the stage: two launches up to kSingleBlockEntries (token, slot) pairs, five above.
+// x rows are 16-byte aligned (H % 8 == 0).
 void launch_permute(const int* topk_ids, const float* topk_weights, const void* x, int num_tokens, int top_k,
-                    int experts, int hidden, int token_tile, const PermuteBuffers& buffers,
-                    int* invalid_id_count, cudaStream_t stream);
+                    int experts, int hidden, int token_tile, const PermuteBuffers& buffers, int* invalid_id_count,
+                    cudaStream_t stream);
 
 }  // namespace hmoe::permute
