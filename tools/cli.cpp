@@ -1,6 +1,7 @@
 // Option parsing for the hmoe CLI: every malformed value becomes a UsageError naming the option.
 #include "cli.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <iostream>
 #include <sstream>
@@ -23,7 +24,8 @@ std::string ParsedOptions::get(const std::string& name, const std::string& fallb
   return found == values.end() ? fallback : found->second;
 }
 
-ParsedOptions parse_options(const std::vector<std::string>& args, const std::vector<std::string>& value_options) {
+ParsedOptions parse_options(const std::vector<std::string>& args, const std::vector<std::string>& value_options,
+                            const std::vector<std::string>& flag_options) {
   ParsedOptions parsed;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -34,6 +36,11 @@ ParsedOptions parse_options(const std::vector<std::string>& args, const std::vec
     if (arg.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + arg + "'");
     const std::size_t equals = arg.find('=');
     const std::string name = arg.substr(0, equals);
+    if (std::find(flag_options.begin(), flag_options.end(), name) != flag_options.end()) {
+      if (equals != std::string::npos) throw UsageError("option " + name + " takes no value");
+      if (!parsed.flags.insert(name).second) throw UsageError("option " + name + " given twice");
+      continue;
+    }
     bool known = false;
     for (const std::string& option : value_options) known = known || option == name;
     if (!known) throw UsageError("unknown option '" + name + "'");
@@ -112,6 +119,13 @@ int usage_error(const std::string& command, const std::string& message, const ch
   std::cerr << "hmoe " << command << ": " << message << "\n" << usage;
   return kExitUsage;
 }
+
+namespace {
+std::chrono::steady_clock::time_point main_entry = std::chrono::steady_clock::now();
+}  // namespace
+
+void record_main_entry() { main_entry = std::chrono::steady_clock::now(); }
+std::chrono::steady_clock::time_point main_entry_time() { return main_entry; }
 
 bool report_if_no_hopper_gpu(const std::string& command) {
   std::string reason;

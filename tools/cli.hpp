@@ -2,8 +2,10 @@
 // usage errors (exit 2), and the entry points main() dispatches to.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -26,13 +28,17 @@ class UsageError : public std::runtime_error {
 struct ParsedOptions {
   bool help = false;
   std::map<std::string, std::string> values;  // "--name" → value
+  std::set<std::string> flags;                // "--name" of each flag given
 
   bool has(const std::string& name) const { return values.count(name) != 0; }
+  bool flag(const std::string& name) const { return flags.count(name) != 0; }
   std::string get(const std::string& name, const std::string& fallback) const;
 };
 
-// Accepts "--name value" and "--name=value" for the names in value_options, and --help / -h.
-ParsedOptions parse_options(const std::vector<std::string>& args, const std::vector<std::string>& value_options);
+// Accepts "--name value" and "--name=value" for the names in value_options, "--name" alone for the
+// names in flag_options, and --help / -h.
+ParsedOptions parse_options(const std::vector<std::string>& args, const std::vector<std::string>& value_options,
+                            const std::vector<std::string>& flag_options = {});
 
 MoeSpec parse_preset(const std::string& name);
 // "1,2,4": positive integers separated by commas.
@@ -57,5 +63,11 @@ int usage_error(const std::string& command, const std::string& message, const ch
 int run_info(const std::vector<std::string>& args);
 int run_check(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);
+int run_tune(const std::vector<std::string>& args);
+int run_coldstart(const std::vector<std::string>& args);
+
+// The steady-clock time main() was entered (recorded first thing), for `hmoe coldstart`.
+void record_main_entry();
+std::chrono::steady_clock::time_point main_entry_time();
 
 }  // namespace hmoe::cli

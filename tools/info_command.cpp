@@ -7,16 +7,19 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "dispatch/registry.hpp"
 #include "testkit/device.hpp"
 
 namespace hmoe::cli {
 namespace {
 
 constexpr const char* kInfoUsage =
-    "usage: hmoe info\n"
+    "usage: hmoe info [--kernels]\n"
     "prints the hmoe version, the device (or why there is no usable Hopper GPU), the presets of\n"
     "DESIGN.md §3, every compiled GEMM kernel variant, and the kernels MoeRunner plans for a decode,\n"
-    "a mid and a prefill token count of each preset\n";
+    "a mid and a prefill token count of each preset (with who chose them: analytic rule or tuned table)\n"
+    "  --kernels  only the kernel registry: every compiled variant with its constraints, one per line\n"
+    "             (all compiled ahead of time for sm_90a; nothing is compiled at run time)\n";
 
 // Decode, the Swap-AB/normal crossover region, and prefill.
 constexpr int kPlannedTokenCounts[] = {1, 64, 4096};
@@ -48,6 +51,21 @@ void print_compiled_kernels() {
   for (const std::string& kernel : kernels) std::printf("  %s\n", kernel.c_str());
 }
 
+// One line per compiled variant: name, then its constraints as the dispatcher reads them.
+void print_kernel_registry() {
+  const auto variants = gemm::gemm_variants();
+  std::printf("compiled kernels (%zu), all ahead of time for sm_90a (no JIT at run time):\n", variants.size());
+  std::printf("  %-28s %-15s %-6s %6s %6s %6s %5s %s\n", "name", "epilogue", "orient", "tokens", "weight", "stages",
+              "dtype", "needs");
+  for (const gemm::GemmVariant& variant : variants) {
+    const dispatch::GemmConstraints constraints = dispatch::constraints_of(variant);
+    std::printf("  %-28s %-15s %-6s %6d %6d %6d %5s H,I %% %d == 0\n", variant.name,
+                variant.epilogue == gemm::EpilogueKind::kSwiGlu ? "gemm1-swiglu" : "gemm2-weighted",
+                dispatch::orientation_name(variant), variant.token_tile, variant.weight_tile, variant.stages,
+                to_string(constraints.dtype).c_str(), constraints.dim_alignment);
+  }
+}
+
 void print_plans() {
   std::printf("kernel plans (orientation auto):\n");
   for (const std::string& name : preset_names()) {
@@ -57,8 +75,9 @@ void print_plans() {
         options.max_tokens = num_tokens;
         const MoeRunner runner(preset(name), options);
         const PlanInfo plan = runner.plan_info(num_tokens);
-        std::printf("  %-22s T=%-5d %-12s gemm1=%s gemm2=%s\n", name.c_str(), num_tokens,
-                    plan_summary(plan).c_str(), plan.gemm1_kernel.c_str(), plan.gemm2_kernel.c_str());
+        std::printf("  %-22s T=%-5d %-12s gemm1=%s gemm2=%s (%s)\n", name.c_str(), num_tokens,
+                    plan_summary(plan).c_str(), plan.gemm1_kernel.c_str(), plan.gemm2_kernel.c_str(),
+                    plan.source.c_str());
       } catch (const std::exception& error) {
         std::printf("  %-22s T=%-5d plan unavailable: %s\n", name.c_str(), num_tokens, error.what());
       }
@@ -69,14 +88,20 @@ void print_plans() {
 }  // namespace
 
 int run_info(const std::vector<std::string>& args) {
+  bool kernels_only = false;
   try {
-    const ParsedOptions parsed = parse_options(args, {});
+    const ParsedOptions parsed = parse_options(args, {}, {"--kernels"});
     if (parsed.help) {
       std::cout << kInfoUsage;
       return 0;
     }
+    kernels_only = parsed.flag("--kernels");
   } catch (const UsageError& error) {
     return usage_error("info", error.what(), kInfoUsage);
+  }
+  if (kernels_only) {
+    print_kernel_registry();
+    return 0;
   }
   std::printf("hmoe %s\n", version().c_str());
   print_device();

@@ -1,5 +1,5 @@
 // `hmoe`: inspect the device and kernels (info), check layers against the CPU reference (check),
-// and time them against the hardware floor (bench).
+// time them against the hardware floor (bench), tune the variant choice (tune), time start-up (coldstart).
 #include <iostream>
 #include <string>
 #include <vector>
@@ -11,14 +11,17 @@ namespace {
 constexpr const char* kUsage =
     "usage: hmoe <command> [options]\n"
     "commands:\n"
-    "  info    device, presets and the kernels each plan uses\n"
-    "  check   run layers and compare them with the float64 CPU reference\n"
-    "  bench   time layers as CUDA-graph replays against the measured hardware floor\n"
+    "  info       device, presets and the kernels each plan uses\n"
+    "  check      run layers and compare them with the float64 CPU reference\n"
+    "  bench      time layers as CUDA-graph replays against the measured hardware floor\n"
+    "  tune       time every eligible kernel variant per token count; write the tuned table\n"
+    "  coldstart  time from process start to the first output, and first-call vs steady latency\n"
     "run 'hmoe <command> --help' for the options of a command\n";
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  hmoe::cli::record_main_entry();
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
     std::cerr << "hmoe: missing command\n" << kUsage;
@@ -33,6 +36,8 @@ int main(int argc, char** argv) {
   if (command == "info") return hmoe::cli::run_info(rest);
   if (command == "check") return hmoe::cli::run_check(rest);
   if (command == "bench") return hmoe::cli::run_bench(rest);
+  if (command == "tune") return hmoe::cli::run_tune(rest);
+  if (command == "coldstart") return hmoe::cli::run_coldstart(rest);
   std::cerr << "hmoe: unknown command '" << command << "'\n" << kUsage;
   return hmoe::cli::kExitUsage;
 }

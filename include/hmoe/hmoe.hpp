@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -54,6 +55,10 @@ struct MoeSpec {
   WeightDType weight_dtype = WeightDType::kBF16;
   QuantScheme scheme = QuantScheme::kNone;
   RoutingSpec routing;
+  // Batch invariance: a token's output bits depend only on that token's inputs, never on T or on
+  // which other tokens share the batch (one fixed GEMM variant for every T; docs/RELIABILITY.md).
+  // For reproducible serving and RL rollouts; costs speed where another plan would be faster.
+  bool batch_invariant = false;
 };
 
 // The model presets of DESIGN.md §3 ("mixtral-8x7b", "qwen3-30b-a3b", ...). Throws on an unknown name.
@@ -62,6 +67,9 @@ std::vector<std::string> preset_names();
 
 // Alignment the kernels need of hidden and intermediate (elements).
 inline constexpr int kDimAlignment = 64;
+// Largest supported hidden and intermediate (elements): keeps every TMA row coordinate
+// (expert × 2I) and every grid dimension within 32 bits.
+inline constexpr int kMaxDim = 65536;
 // Largest supported E and k (the routing kernels keep one token's logits in one warp's registers).
 inline constexpr int kMaxExperts = 1024;
 inline constexpr int kMaxTopK = 32;
@@ -93,6 +101,13 @@ enum class Orientation {
 struct PlanOptions {
   int max_tokens = 0;                    // largest T any run will pass; sizes the workspace
   Orientation orientation = Orientation::kAuto;
+  // Workspace cap in bytes (0 = none). When max_tokens would need more, each run processes its
+  // tokens in chunks of chunk_tokens() inside run_* (still no allocation, no host sync) and
+  // workspace_bytes() is the exact need of one chunk. Throws if even one token does not fit.
+  std::size_t max_workspace_bytes = 0;
+  // Internal (the tuner, tests): run this GEMM pair for every T instead of the dispatcher's choice,
+  // as "<gemm1 kernel>+<gemm2 kernel>" (`hmoe info --kernels` lists them). Empty: hmoe chooses.
+  std::string force_variant;
 };
 
 struct RunArgs {
@@ -104,6 +119,7 @@ struct RunArgs {
   std::size_t workspace_size = 0;        // bytes available at workspace
   // Optional device counter: each (token, slot) whose expert id lies outside [0, E) adds one.
   // Such a slot contributes nothing to its token's output.
+  // Accumulates over every chunk of a run and over runs; the caller zeroes it.
   int* invalid_id_count = nullptr;
 };
 
@@ -114,7 +130,14 @@ struct PlanInfo {
   int weight_tile = 0;                   // weight rows per GEMM tile
   std::string gemm1_kernel;
   std::string gemm2_kernel;
+  int num_chunks = 1;                    // runs of at most MoeRunner::chunk_tokens() tokens each
+  // Who chose the variant: "analytic", "tuned:<table file>", "forced" or "batch-invariant".
+  std::string source;
 };
+
+namespace dispatch {
+struct PlanOverrides;
+}  // namespace dispatch
 
 class MoeRunner {
  public:
@@ -122,7 +145,9 @@ class MoeRunner {
 
   const MoeSpec& spec() const { return spec_; }
   std::size_t workspace_bytes() const { return workspace_bytes_; }
-  // The plan a run with num_tokens tokens uses.
+  // Tokens one chunk processes: max_tokens unless PlanOptions::max_workspace_bytes forces less.
+  int chunk_tokens() const { return chunk_tokens_; }
+  // The plan a run with num_tokens tokens uses (the plan of its first chunk when chunked).
   PlanInfo plan_info(int num_tokens) const;
 
   // Routes with the spec's routing function, then runs the experts. router_logits: [T, E] device,
@@ -136,13 +161,16 @@ class MoeRunner {
 
  private:
   void check_args(const RunArgs& args) const;
-  void run_experts(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights,
+  void run_experts(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights, int num_sms,
                    cudaStream_t stream) const;
 
   MoeSpec spec_;
   PlanOptions options_;
   int num_sms_ = 0;
   std::size_t workspace_bytes_ = 0;
+  int chunk_tokens_ = 0;
+  // A forced variant or this device's tuned table, found once here (docs/DISPATCH.md).
+  std::shared_ptr<const dispatch::PlanOverrides> overrides_;
 };
 
 // hmoe's version ("0.1.0").

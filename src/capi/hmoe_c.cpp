@@ -75,7 +75,7 @@ void require(const void* pointer, const char* name) {
   if (pointer == nullptr) throw hmoe::Error(std::string("hmoe: ") + name + " is null");
 }
 
-// Runs body, mapping exceptions to status codes. CUDA failures carry "CUDA error" in their message.
+// Runs body, mapping exceptions to status codes. CUDA failures' messages start with "hmoe: CUDA error".
 template <typename Body>
 hmoe_status guarded(Body&& body) {
   try {
@@ -84,7 +84,8 @@ hmoe_status guarded(Body&& body) {
     return HMOE_OK;
   } catch (const hmoe::Error& error) {
     last_error = error.what();
-    return last_error.find("CUDA error") != std::string::npos ? HMOE_CUDA_ERROR : HMOE_INVALID_ARGUMENT;
+    // NOTE: a prefix test, not a search: messages quote caller strings (a preset name may say anything).
+    return last_error.rfind("hmoe: CUDA error", 0) == 0 ? HMOE_CUDA_ERROR : HMOE_INVALID_ARGUMENT;
   } catch (const std::exception& error) {
     last_error = error.what();
     return HMOE_INTERNAL_ERROR;

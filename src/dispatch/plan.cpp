@@ -2,7 +2,9 @@
 #include "dispatch/plan.hpp"
 
 #include <algorithm>
+#include <optional>
 
+#include "dispatch/tuned_table.hpp"
 #include "permute/work_list.hpp"
 
 namespace hmoe::dispatch {
@@ -16,7 +18,13 @@ int next_power_of_two(double value) {
 
 }  // namespace
 
-Plan choose_plan(const MoeSpec& spec, int num_tokens, Orientation orientation) {
+Plan choose_plan(const MoeSpec& spec, int num_tokens, Orientation orientation, const PlanOverrides* overrides) {
+  // ---- A forced variant or the tuned table for this shape and device decides first
+  // (dispatch/tuned_table.hpp; docs/DISPATCH.md). Their variants were validated when loaded.
+  if (overrides != nullptr) {
+    if (const std::optional<Plan> plan = overridden_plan(*overrides, num_tokens, orientation)) return *plan;
+  }
+  // ---- The analytic rule.
   const double tokens_per_expert = static_cast<double>(num_tokens) * spec.top_k / spec.num_experts;
   Plan plan;
   // Swap-AB while an expert's tokens would fill less than one 64-row WGMMA tile: the weight rows
@@ -31,12 +39,45 @@ Plan choose_plan(const MoeSpec& spec, int num_tokens, Orientation orientation) {
     // would pad most of the 128 token rows.
     plan.token_tile = tokens_per_expert >= 128.0 ? 128 : 64;
   }
-  plan.gemm1 = gemm::find_gemm_variant(gemm::EpilogueKind::kSwiGlu, plan.swap_ab, plan.token_tile);
-  plan.gemm2 = gemm::find_gemm_variant(gemm::EpilogueKind::kRoutingWeight, plan.swap_ab, plan.token_tile);
+  // Weight tiles: 128 rows (two consumer warpgroups) once Swap-AB tiles hold 16+ tokens — measured
+  // 3–6% faster than 64 rows on qwen3-30b-a3b and mixtral-8x7b at T = 64…1024 (docs/PERF.md, v3).
+  int weight_tile = 64;
+  if (plan.swap_ab && plan.token_tile >= 16 && plan.token_tile <= 64) weight_tile = 128;
+  if (!plan.swap_ab) weight_tile = plan.token_tile == 128 ? 256 : 128;
+  // GEMM1 reads x rows in place (no gather launch) while the layer has few (token, slot) pairs.
+  const bool gather_in_gemm = plan.swap_ab && plan.token_tile == 8 &&
+                              static_cast<long long>(num_tokens) * spec.top_k <= kMaxInGemmGatherRows;
+  plan.gemm1 = gemm::find_gemm_variant(gemm::EpilogueKind::kSwiGlu, plan.swap_ab, plan.token_tile, weight_tile,
+                                       gather_in_gemm);
+  plan.gemm2 = gemm::find_gemm_variant(gemm::EpilogueKind::kRoutingWeight, plan.swap_ab, plan.token_tile, weight_tile);
   if (plan.gemm1 == nullptr || plan.gemm2 == nullptr)
     throw Error("hmoe: no compiled GEMM variant for orientation " + std::string(plan.swap_ab ? "swap" : "normal") +
                 " with token tile " + std::to_string(plan.token_tile));
   return plan;
+}
+
+Plan batch_invariant_plan() {
+  // NOTE: one variant for every T is what makes the bits T-independent: a wgmma output row
+  // depends only on its own operand row and the K order, which one variant fixes (RELIABILITY.md).
+  // Normal orientation at 64 tokens is the smallest normal tile, so decode pads least.
+  constexpr int kTokenTile = 64;
+  constexpr int kWeightTile = 128;
+  Plan plan;
+  plan.swap_ab = false;
+  plan.token_tile = kTokenTile;
+  for (const gemm::GemmVariant& variant : gemm::gemm_variants()) {
+    if (variant.swap_ab || variant.token_tile != kTokenTile || variant.weight_tile != kWeightTile) continue;
+    if (variant.epilogue == gemm::EpilogueKind::kSwiGlu) plan.gemm1 = &variant;
+    if (variant.epilogue == gemm::EpilogueKind::kRoutingWeight) plan.gemm2 = &variant;
+  }
+  if (plan.gemm1 == nullptr || plan.gemm2 == nullptr)
+    throw Error("hmoe: batch-invariant mode needs the normal 64x128 GEMM variants, which are not compiled");
+  plan.source = "batch-invariant";
+  return plan;
+}
+
+Plan plan_for(const MoeSpec& spec, int num_tokens, Orientation orientation, const PlanOverrides* overrides) {
+  return spec.batch_invariant ? batch_invariant_plan() : choose_plan(spec, num_tokens, orientation, overrides);
 }
 
 WorkspaceLayout workspace_layout(const MoeSpec& spec, int max_tokens) {
@@ -64,6 +105,23 @@ WorkspaceLayout workspace_layout(const MoeSpec& spec, int max_tokens) {
   layout.intermediate = region(entries * spec.intermediate * 2);
   layout.total = offset;
   return layout;
+}
+
+int chunk_tokens(const MoeSpec& spec, int max_tokens, std::size_t max_workspace_bytes) {
+  if (max_workspace_bytes == 0 || workspace_layout(spec, max_tokens).total <= max_workspace_bytes) return max_tokens;
+  const std::size_t one_token = workspace_layout(spec, 1).total;
+  if (one_token > max_workspace_bytes)
+    throw Error("hmoe: invalid PlanOptions.max_workspace_bytes = " + std::to_string(max_workspace_bytes) +
+                ": expected 0 (no cap) or at least " + std::to_string(one_token) +
+                " (the workspace of a one-token chunk)");
+  // Every region grows with the token count, so the layout size is monotone: bisect for the
+  // largest count that fits (fits(low) holds, fits(high) does not).
+  int low = 1, high = max_tokens;
+  while (high - low > 1) {
+    const int middle = low + (high - low) / 2;
+    if (workspace_layout(spec, middle).total <= max_workspace_bytes) low = middle; else high = middle;
+  }
+  return low;
 }
 
 }  // namespace hmoe::dispatch

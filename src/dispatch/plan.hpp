@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string_view>
 
 #include "gemm/variants.hpp"
 #include "hmoe/hmoe.hpp"
@@ -14,9 +15,25 @@ struct Plan {
   int token_tile = 0;
   const gemm::GemmVariant* gemm1 = nullptr;
   const gemm::GemmVariant* gemm2 = nullptr;
+  // Who chose it: "analytic", "tuned:<file>", "forced" or "batch-invariant" (PlanInfo::source).
+  // Points at a literal or into the runner's tuned table, which outlives every plan.
+  std::string_view source = "analytic";
 };
 
-Plan choose_plan(const MoeSpec& spec, int num_tokens, Orientation orientation);
+// A forced variant or tuned table a runner found at plan time (dispatch/tuned_table.hpp).
+struct PlanOverrides;
+
+// overrides, when given, decide first (see overridden_plan); else the analytic rule.
+Plan choose_plan(const MoeSpec& spec, int num_tokens, Orientation orientation,
+                 const PlanOverrides* overrides = nullptr);
+
+// The one plan of batch-invariant mode (MoeSpec::batch_invariant), whatever T: normal orientation,
+// 64-token × 128-weight-row tiles.
+Plan batch_invariant_plan();
+
+// The plan of one run or chunk: batch_invariant_plan() when spec.batch_invariant, else choose_plan.
+Plan plan_for(const MoeSpec& spec, int num_tokens, Orientation orientation,
+              const PlanOverrides* overrides = nullptr);
 
 // Byte offsets into the caller's workspace, each region 256-byte aligned.
 struct WorkspaceLayout {
@@ -35,9 +52,18 @@ struct WorkspaceLayout {
   std::size_t total = 0;
 };
 
+// Up to this many (token, slot) pairs GEMM1 gathers x rows itself with per-row TMA boxes: that
+// saves the gather launch (~4 µs at T = 1), while the per-row requests still cost less than it.
+inline constexpr long long kMaxInGemmGatherRows = 512;
+
 // Smallest token tile any plan uses; the tile list is sized for it.
 inline constexpr int kMinTokenTile = 8;
 
 WorkspaceLayout workspace_layout(const MoeSpec& spec, int max_tokens);
+
+// Tokens per chunk under a workspace cap: max_tokens when its layout fits (or the cap is 0), else
+// the largest count whose layout fits. Throws hmoe::Error naming max_workspace_bytes when not
+// even one token fits.
+int chunk_tokens(const MoeSpec& spec, int max_tokens, std::size_t max_workspace_bytes);
 
 }  // namespace hmoe::dispatch

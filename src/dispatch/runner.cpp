@@ -1,11 +1,16 @@
 // MoeRunner: validates once at plan time and cheaply at each run, then enqueues the stages
 // routing → permute → GEMM1 (SwiGLU) → GEMM2 (× routing weight) → combine on the caller's stream.
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <sstream>
+#include <string>
+#include <string_view>
 
 #include "combine/combine.hpp"
 #include "common/cuda_check.hpp"
 #include "dispatch/plan.hpp"
+#include "dispatch/tuned_table.hpp"
 #include "hmoe/hmoe.hpp"
 #include "permute/permute.hpp"
 #include "routing/routing.hpp"
@@ -20,12 +25,59 @@ T* at(void* workspace, std::size_t offset) {
   return reinterpret_cast<T*>(static_cast<std::uint8_t*>(workspace) + offset);
 }
 
+template <typename T>
+const T* advance(const T* pointer, std::size_t bytes) {
+  return reinterpret_cast<const T*>(reinterpret_cast<const std::uint8_t*>(pointer) + bytes);
+}
+
+std::string describe(const void* pointer) {
+  std::ostringstream text;
+  text << pointer;
+  return text.str();
+}
+
+void require_alignment(const void* pointer, const char* name, std::size_t alignment) {
+  if (reinterpret_cast<std::uintptr_t>(pointer) % alignment != 0)
+    throw Error(std::string("hmoe: ") + name + " = " + describe(pointer) + " is not " + std::to_string(alignment) +
+                "-byte aligned");
+}
+
 void require_pointer(const void* pointer, const char* name, std::size_t alignment) {
-  if (pointer == nullptr) throw Error(std::string("hmoe: ") + name + " is null");
-  if (reinterpret_cast<std::uintptr_t>(pointer) % alignment != 0) {
-    std::ostringstream message;
-    message << "hmoe: " << name << " = " << pointer << " is not " << alignment << "-byte aligned";
-    throw Error(message.str());
+  if (pointer == nullptr) throw Error(std::string("hmoe: ") + name + " is null: expected a device pointer");
+  require_alignment(pointer, name, alignment);
+}
+
+// A device buffer a run reads or writes, for the overlap checks.
+struct Buffer {
+  const char* name;
+  const void* data;
+  std::size_t bytes;
+};
+
+bool overlap(const Buffer& a, const Buffer& b) {
+  if (a.data == nullptr || b.data == nullptr || a.bytes == 0 || b.bytes == 0) return false;
+  const auto a_begin = reinterpret_cast<std::uintptr_t>(a.data), b_begin = reinterpret_cast<std::uintptr_t>(b.data);
+  return a_begin < b_begin + b.bytes && b_begin < a_begin + a.bytes;
+}
+
+// The workspace and the output are written during a run: neither may overlap anything else it
+// touches, except that out may be x itself (in place: every chunk gathers its x rows before its
+// combine writes the same rows).
+void require_disjoint(std::initializer_list<Buffer> list) {
+  const Buffer* buffers = list.begin();   // NOTE: no heap allocation on the per-run path
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    for (std::size_t j = i + 1; j < list.size(); ++j) {
+      const Buffer& a = buffers[i];
+      const Buffer& b = buffers[j];
+      const bool written = i < 2;  // buffers[0] is the workspace, buffers[1] the output
+      if (!written || !overlap(a, b)) continue;
+      const bool in_place = std::string_view(a.name) == "RunArgs.out" && std::string_view(b.name) == "RunArgs.x" &&
+                            a.data == b.data && a.bytes == b.bytes;
+      if (in_place) continue;
+      throw Error(std::string("hmoe: ") + a.name + " = " + describe(a.data) + " (" + std::to_string(a.bytes) +
+                  " bytes) overlaps " + b.name + " = " + describe(b.data) + " (" + std::to_string(b.bytes) +
+                  " bytes): expected disjoint device buffers");
+    }
   }
 }
 
@@ -37,6 +89,10 @@ int device_sm_count() {
   return sms;
 }
 
+std::size_t logits_element_bytes(const MoeSpec& spec) {
+  return spec.routing.logits_dtype == LogitsDType::kBFloat16 ? 2 : 4;
+}
+
 }  // namespace
 
 MoeRunner::MoeRunner(const MoeSpec& spec, const PlanOptions& options) : spec_(spec), options_(options) {
@@ -44,17 +100,30 @@ MoeRunner::MoeRunner(const MoeSpec& spec, const PlanOptions& options) : spec_(sp
   if (options.max_tokens < 1 || options.max_tokens > kMaxTokens)
     throw Error("hmoe: invalid PlanOptions.max_tokens = " + std::to_string(options.max_tokens) + ": expected 1.." +
                 std::to_string(kMaxTokens));
-  workspace_bytes_ = dispatch::workspace_layout(spec_, options.max_tokens).total;
+  const int orientation = static_cast<int>(options.orientation);
+  if (orientation < static_cast<int>(Orientation::kAuto) || orientation > static_cast<int>(Orientation::kSwapAB))
+    throw Error("hmoe: invalid PlanOptions.orientation = " + std::to_string(orientation) +
+                ": expected 0 (auto), 1 (normal) or 2 (swap)");
+  if (spec_.batch_invariant && options.orientation == Orientation::kSwapAB)
+    throw Error("hmoe: invalid PlanOptions.orientation = swap with MoeSpec.batch_invariant: expected auto or normal "
+                "(batch-invariant mode always runs the normal orientation)");
+  chunk_tokens_ = dispatch::chunk_tokens(spec_, options.max_tokens, options.max_workspace_bytes);
+  workspace_bytes_ = dispatch::workspace_layout(spec_, chunk_tokens_).total;
+  overrides_ = dispatch::make_plan_overrides(spec_, options_);
 }
 
 PlanInfo MoeRunner::plan_info(int num_tokens) const {
-  const dispatch::Plan plan = dispatch::choose_plan(spec_, std::max(num_tokens, 1), options_.orientation);
+  const int tokens = std::max(num_tokens, 1);
+  const dispatch::Plan plan = dispatch::plan_for(spec_, std::min(tokens, chunk_tokens_), options_.orientation,
+                                                   overrides_.get());
   PlanInfo info;
   info.orientation = plan.swap_ab ? Orientation::kSwapAB : Orientation::kNormal;
   info.token_tile = plan.token_tile;
   info.weight_tile = plan.gemm1->weight_tile;
   info.gemm1_kernel = plan.gemm1->name;
   info.gemm2_kernel = plan.gemm2->name;
+  info.num_chunks = static_cast<int>((static_cast<long long>(tokens) + chunk_tokens_ - 1) / chunk_tokens_);
+  info.source = plan.source;
   return info;
 }
 
@@ -66,22 +135,46 @@ void MoeRunner::check_args(const RunArgs& args) const {
   require_pointer(args.out, "RunArgs.out", 16);
   require_pointer(args.weights.w13, "RunArgs.weights.w13", 16);
   require_pointer(args.weights.w2, "RunArgs.weights.w2", 16);
+  // Optional pointers: nullptr means zeros (correction_bias) or no counting (invalid_id_count).
+  require_alignment(args.weights.correction_bias, "RunArgs.weights.correction_bias", 4);
+  require_alignment(args.invalid_id_count, "RunArgs.invalid_id_count", 4);
   require_pointer(args.workspace, "RunArgs.workspace", 256);
   if (args.workspace_size < workspace_bytes_)
     throw Error("hmoe: RunArgs.workspace_size = " + std::to_string(args.workspace_size) + ": expected at least " +
                 std::to_string(workspace_bytes_) + " (MoeRunner::workspace_bytes())");
 }
 
+// Every argument is checked before the first chunk is enqueued, so a rejected call enqueues nothing.
 void MoeRunner::run_from_logits(const RunArgs& args, const void* router_logits, cudaStream_t stream) const {
   check_args(args);
-  require_pointer(router_logits, "router_logits", 4);
+  const std::size_t logit_bytes = logits_element_bytes(spec_);
+  require_pointer(router_logits, "router_logits", logit_bytes);
+  const std::size_t tokens = args.num_tokens;
+  const std::size_t row_bytes = static_cast<std::size_t>(spec_.hidden) * 2;
+  const bool grouped = spec_.routing.function == RoutingFunction::kGroupedSigmoidTopK;
+  require_disjoint({{"RunArgs.workspace", args.workspace, workspace_bytes_},
+                    {"RunArgs.out", args.out, tokens * row_bytes},
+                    {"RunArgs.x", args.x, tokens * row_bytes},
+                    {"router_logits", router_logits, tokens * spec_.num_experts * logit_bytes},
+                    {"RunArgs.weights.correction_bias", grouped ? args.weights.correction_bias : nullptr,
+                     static_cast<std::size_t>(spec_.num_experts) * 4},
+                    {"RunArgs.invalid_id_count", args.invalid_id_count, 4}});
   if (args.num_tokens == 0) return;
-  const dispatch::WorkspaceLayout layout = dispatch::workspace_layout(spec_, options_.max_tokens);
+  const dispatch::WorkspaceLayout layout = dispatch::workspace_layout(spec_, chunk_tokens_);
   int* topk_ids = at<int>(args.workspace, layout.topk_ids);
   float* topk_weights = at<float>(args.workspace, layout.topk_weights);
-  routing::launch_topk(spec_, router_logits, args.weights.correction_bias, args.num_tokens, topk_ids, topk_weights,
-                       stream);
-  run_experts(args, topk_ids, topk_weights, stream);
+  const int sms = device_sm_count();
+  for (int first = 0; first < args.num_tokens; first += chunk_tokens_) {
+    RunArgs chunk = args;
+    chunk.num_tokens = std::min(chunk_tokens_, args.num_tokens - first);
+    chunk.x = advance(args.x, static_cast<std::size_t>(first) * row_bytes);
+    chunk.out = at<void>(args.out, static_cast<std::size_t>(first) * row_bytes);
+    const void* chunk_logits =
+        advance(router_logits, static_cast<std::size_t>(first) * spec_.num_experts * logit_bytes);
+    routing::launch_topk(spec_, chunk_logits, args.weights.correction_bias, chunk.num_tokens, topk_ids, topk_weights,
+                         stream);
+    run_experts(chunk, topk_ids, topk_weights, sms, stream);
+  }
 }
 
 void MoeRunner::run_from_topk(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights,
@@ -89,16 +182,34 @@ void MoeRunner::run_from_topk(const RunArgs& args, const std::int32_t* topk_ids,
   check_args(args);
   require_pointer(topk_ids, "topk_ids", 4);
   require_pointer(topk_weights, "topk_weights", 4);
+  const std::size_t tokens = args.num_tokens;
+  const std::size_t row_bytes = static_cast<std::size_t>(spec_.hidden) * 2;
+  const std::size_t slot_bytes = static_cast<std::size_t>(spec_.top_k) * 4;
+  require_disjoint({{"RunArgs.workspace", args.workspace, workspace_bytes_},
+                    {"RunArgs.out", args.out, tokens * row_bytes},
+                    {"RunArgs.x", args.x, tokens * row_bytes},
+                    {"topk_ids", topk_ids, tokens * slot_bytes},
+                    {"topk_weights", topk_weights, tokens * slot_bytes},
+                    {"RunArgs.invalid_id_count", args.invalid_id_count, 4}});
   if (args.num_tokens == 0) return;
-  run_experts(args, topk_ids, topk_weights, stream);
+  const int sms = device_sm_count();
+  for (int first = 0; first < args.num_tokens; first += chunk_tokens_) {
+    RunArgs chunk = args;
+    chunk.num_tokens = std::min(chunk_tokens_, args.num_tokens - first);
+    chunk.x = advance(args.x, static_cast<std::size_t>(first) * row_bytes);
+    chunk.out = at<void>(args.out, static_cast<std::size_t>(first) * row_bytes);
+    const std::size_t slots_before = static_cast<std::size_t>(first) * slot_bytes;
+    run_experts(chunk, advance(topk_ids, slots_before), advance(topk_weights, slots_before), sms, stream);
+  }
 }
 
+// One chunk (the whole run when unchunked): permute → GEMM1 → GEMM2 → combine, with its own plan.
 void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights,
-                            cudaStream_t stream) const {
+                            int num_sms, cudaStream_t stream) const {
   const int tokens = args.num_tokens;
   const int entries = tokens * spec_.top_k;
-  const dispatch::WorkspaceLayout layout = dispatch::workspace_layout(spec_, options_.max_tokens);
-  const dispatch::Plan plan = dispatch::choose_plan(spec_, tokens, options_.orientation);
+  const dispatch::WorkspaceLayout layout = dispatch::workspace_layout(spec_, chunk_tokens_);
+  const dispatch::Plan plan = dispatch::plan_for(spec_, tokens, options_.orientation, overrides_.get());
 
   permute::PermuteBuffers buffers;
   buffers.expert_counts = at<int>(args.workspace, layout.expert_counts);
@@ -110,18 +221,19 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   buffers.row_weights = at<float>(args.workspace, layout.row_weights);
   buffers.sorted_tokens = at<int>(args.workspace, layout.sorted_tokens);
   buffers.sorted_x = at<void>(args.workspace, layout.sorted_rows);
+  const bool gemm_gathers = plan.gemm1->gather_tokens;
   permute::launch_permute(topk_ids, topk_weights, args.x, tokens, spec_.top_k, spec_.num_experts, spec_.hidden,
-                          plan.token_tile, buffers, args.invalid_id_count, stream);
+                          plan.token_tile, !gemm_gathers, buffers, args.invalid_id_count, stream);
   void* sorted_rows = buffers.sorted_x;
 
-  const int sms = device_sm_count();
   const WorkList work{buffers.num_tiles, buffers.tiles};
   const int max_tiles = max_token_tiles(entries, spec_.num_experts, plan.token_tile);
   void* intermediate = at<void>(args.workspace, layout.intermediate);
 
   gemm::GemmLaunch gemm1;
-  gemm1.tokens = buffers.sorted_x;
-  gemm1.token_rows = entries;
+  gemm1.tokens = gemm_gathers ? args.x : buffers.sorted_x;
+  gemm1.token_rows = gemm_gathers ? tokens : entries;
+  gemm1.token_index = gemm_gathers ? buffers.sorted_tokens : nullptr;
   gemm1.weights = args.weights.w13;
   gemm1.experts = spec_.num_experts;
   gemm1.weight_rows = 2 * spec_.intermediate;
@@ -130,12 +242,14 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   gemm1.max_tiles = max_tiles;
   gemm1.out = intermediate;
   gemm1.out_cols = spec_.intermediate;
-  gemm1.num_sms = sms;
+  gemm1.num_sms = num_sms;
   plan.gemm1->launch(gemm1, stream);
 
   // GEMM2 writes over the gathered x rows: GEMM1, earlier on the stream, no longer needs them.
   gemm::GemmLaunch gemm2 = gemm1;
   gemm2.tokens = intermediate;
+  gemm2.token_rows = entries;
+  gemm2.token_index = nullptr;
   gemm2.weights = args.weights.w2;
   gemm2.weight_rows = spec_.hidden;
   gemm2.k = spec_.intermediate;

@@ -21,7 +21,8 @@ inline constexpr int kSwiGluGroupRows = 16;
 
 inline constexpr int kBlockK = 64;   // bf16 elements per 128-byte swizzled row
 
-template <EpilogueKind kEpilogue_, bool kSwapAB_, int kTokenTile_, int kWeightTile_, int kStages_>
+template <EpilogueKind kEpilogue_, bool kSwapAB_, int kTokenTile_, int kWeightTile_, int kStages_,
+          bool kGatherTokens_ = false>
 struct GemmConfig {
   static constexpr EpilogueKind kEpilogue = kEpilogue_;
   static constexpr bool kSwapAB = kSwapAB_;
@@ -32,6 +33,12 @@ struct GemmConfig {
   static constexpr int kTileM = kSwapAB ? kWeightTile : kTokenTile;
   static constexpr int kTileN = kSwapAB ? kTokenTile : kWeightTile;
   static constexpr int kConsumers = kTileM / 64;
+  // Token rows read straight from x through the permute stage's row → token index, one 128-byte
+  // TMA box per row, instead of from a gathered copy. NOTE: it saves the gather launch at decode
+  // sizes, but each row request costs ~60 cycles of TMA issue: at 128-row tiles it made prefill
+  // 2.8× slower (docs/PERF.md, v3), so only small token tiles gather.
+  static constexpr bool kGatherTokens = kGatherTokens_;
+  static_assert(!kGatherTokens || kEpilogue == EpilogueKind::kSwiGlu, "only GEMM1 reads x");
   static_assert(kTileM == 64 || kTileM == 128, "one or two consumer warpgroups of 64 rows each");
   static_assert(kTileN % 8 == 0 && kTileN >= 8 && kTileN <= 256, "wgmma N is a multiple of 8 up to 256");
   static constexpr int kABytes = kTileM * kBlockK * 2;
@@ -46,7 +53,8 @@ struct GemmConfig {
 // One launch: tokens [token_rows, K] (expert-sorted), weights [experts × weight_rows, K].
 struct GemmLaunch {
   const void* tokens = nullptr;
-  int token_rows = 0;            // rows allocated in the token buffer (TMA bound)
+  int token_rows = 0;            // rows in the token buffer (TMA bound)
+  const int* token_index = nullptr;  // gathering variants: expert-sorted row → row of `tokens`
   const void* weights = nullptr;
   int experts = 0;
   int weight_rows = 0;           // N per expert: 2I for GEMM1, H for GEMM2

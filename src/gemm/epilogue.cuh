@@ -22,9 +22,9 @@ __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x));
 template <class Config>
 struct Epilogue;
 
-template <bool kSwapAB, int kTokenTile, int kWeightTile, int kStages>
-struct Epilogue<GemmConfig<EpilogueKind::kSwiGlu, kSwapAB, kTokenTile, kWeightTile, kStages>> {
-  using Config = GemmConfig<EpilogueKind::kSwiGlu, kSwapAB, kTokenTile, kWeightTile, kStages>;
+template <bool kSwapAB, int kTokenTile, int kWeightTile, int kStages, bool kGatherTokens>
+struct Epilogue<GemmConfig<EpilogueKind::kSwiGlu, kSwapAB, kTokenTile, kWeightTile, kStages, kGatherTokens>> {
+  using Config = GemmConfig<EpilogueKind::kSwiGlu, kSwapAB, kTokenTile, kWeightTile, kStages, kGatherTokens>;
 
   static __device__ void apply(const float (&acc)[Config::kTileN / 2], const WorkItem& item,
                                const EpilogueArgs& args) {
@@ -65,9 +65,9 @@ struct Epilogue<GemmConfig<EpilogueKind::kSwiGlu, kSwapAB, kTokenTile, kWeightTi
   }
 };
 
-template <bool kSwapAB, int kTokenTile, int kWeightTile, int kStages>
-struct Epilogue<GemmConfig<EpilogueKind::kRoutingWeight, kSwapAB, kTokenTile, kWeightTile, kStages>> {
-  using Config = GemmConfig<EpilogueKind::kRoutingWeight, kSwapAB, kTokenTile, kWeightTile, kStages>;
+template <bool kSwapAB, int kTokenTile, int kWeightTile, int kStages, bool kGatherTokens>
+struct Epilogue<GemmConfig<EpilogueKind::kRoutingWeight, kSwapAB, kTokenTile, kWeightTile, kStages, kGatherTokens>> {
+  using Config = GemmConfig<EpilogueKind::kRoutingWeight, kSwapAB, kTokenTile, kWeightTile, kStages, kGatherTokens>;
 
   static __device__ void apply(const float (&acc)[Config::kTileN / 2], const WorkItem& item,
                                const EpilogueArgs& args) {

@@ -17,9 +17,10 @@
 namespace hmoe::gemm {
 
 struct KernelArgs {
-  CUtensorMap token_map;     // [token_rows, K] bf16, box {64, kTokenTile}
+  CUtensorMap token_map;     // [token_rows, K] bf16, box {64, kTokenTile} ({64, 1} when gathering)
   CUtensorMap weight_map;    // [experts·weight_rows, K] bf16, box {64, kWeightTile}
   WorkList work;
+  const int* token_index;    // gathering variants only
   int weight_tiles;
   int k_blocks;
   EpilogueArgs epilogue;
@@ -47,10 +48,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1) expert_gemm_kernel(const 
     // NOTE: with two consumer warpgroups the 128×256 accumulators need more than the 170 registers
     // an even split of the file gives; the producer needs few, so it hands them over.
     if constexpr (Config::kConsumers == 2) cutlass::arch::warpgroup_reg_dealloc<40>();
-    if (threadIdx.x == kProducerThread) {
-      cute::prefetch_tma_descriptor(&args.token_map);
-      cute::prefetch_tma_descriptor(&args.weight_map);
-      produce<Config>(smem, &args.token_map, &args.weight_map, scheduler, args.epilogue.weight_rows, args.k_blocks);
+    if (threadIdx.x / 32 == kProducerThread / 32) {
+      if (threadIdx.x == kProducerThread) {
+        cute::prefetch_tma_descriptor(&args.token_map);
+        cute::prefetch_tma_descriptor(&args.weight_map);
+      }
+      produce<Config>(smem, &args.token_map, &args.weight_map, args.token_index, scheduler,
+                      args.epilogue.weight_rows, args.k_blocks);
     }
     return;
   }
@@ -69,6 +73,8 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream) {
   // 1. Preconditions (the dispatcher only picks variants whose constraints hold; re-checked cheaply).
   if (launch.k % 8 != 0 || launch.out_cols % 2 != 0)
     throw Error("hmoe: expert GEMM needs K % 8 == 0 and an even output width (K = " + std::to_string(launch.k) + ")");
+  if (Config::kGatherTokens != (launch.token_index != nullptr))
+    throw Error("hmoe: expert GEMM variant and launch disagree on gathering token rows");
   // 2. Grid: persistent, as many CTAs as fit on the chip but no more than there can be work items.
   static const int ctas_per_sm = [] {
     HMOE_CUDA_CHECK(cudaFuncSetAttribute(expert_gemm_kernel<Config>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -84,10 +90,12 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream) {
   if (grid <= 0) return;
   // 3. TMA descriptors.
   KernelArgs args;
-  args.token_map = make_tensor_map(launch.tokens, launch.token_rows, launch.k, Config::kTokenTile);
+  args.token_map =
+      make_tensor_map(launch.tokens, launch.token_rows, launch.k, Config::kGatherTokens ? 1 : Config::kTokenTile);
   args.weight_map = make_tensor_map(launch.weights, static_cast<long long>(launch.experts) * launch.weight_rows,
                                     launch.k, Config::kWeightTile);
   args.work = launch.work;
+  args.token_index = launch.token_index;
   args.weight_tiles = weight_tiles;
   args.k_blocks = (launch.k + kBlockK - 1) / kBlockK;
   args.epilogue = EpilogueArgs{launch.out, launch.out_cols, launch.weight_rows, launch.row_weights};

@@ -33,32 +33,53 @@ struct PipelineState {
   }
 };
 
-// Operand rows of a work item: the token tile and the weight tile, mapped onto WGMMA's A and B.
-template <class Config>
-__device__ inline void operand_rows(const WorkItem& item, int weight_rows, int& a_row, int& b_row) {
-  const int token_row = item.tokens.row_begin;
-  const int weight_row = item.tokens.expert * weight_rows + item.weight_tile * Config::kWeightTile;
-  a_row = Config::kSwapAB ? weight_row : token_row;
-  b_row = Config::kSwapAB ? token_row : weight_row;
-}
-
+// The producer warp: lane 0 waits for a free stage and loads the weight tile with one TMA box; the
+// token tile is one TMA box of contiguous expert-sorted rows or, for gathering variants, one
+// 128-byte box per token row issued by all 32 lanes. NOTE: the 128-byte swizzle is a function of
+// the shared-memory address, so rows landed one by one at 128-byte steps form the same tile.
 template <class Config>
 __device__ void produce(const SharedStorage<Config>& smem, const CUtensorMap* token_map,
-                        const CUtensorMap* weight_map, PersistentScheduler scheduler, int weight_rows,
-                        int k_blocks) {
-  const CUtensorMap* a_map = Config::kSwapAB ? weight_map : token_map;
-  const CUtensorMap* b_map = Config::kSwapAB ? token_map : weight_map;
+                        const CUtensorMap* weight_map, const int* token_index, PersistentScheduler scheduler,
+                        int weight_rows, int k_blocks) {
+  constexpr int kRowsPerLane = (Config::kTokenTile + 31) / 32;
+  constexpr int kRowBytes = kBlockK * 2;
+  constexpr int kWeightBytes = Config::kWeightTile * kRowBytes;
+  const int lane = threadIdx.x % 32;
   PipelineState state;
   WorkItem item;
   while (scheduler.next(item)) {
-    int a_row, b_row;
-    operand_rows<Config>(item, weight_rows, a_row, b_row);
+    const int weight_row = item.tokens.expert * weight_rows + item.weight_tile * Config::kWeightTile;
+    const int token_rows = item.tokens.row_end - item.tokens.row_begin;
+    int gathered_row[kRowsPerLane];
+    #pragma unroll
+    for (int i = 0; i < kRowsPerLane; ++i) {
+      const int row = lane + 32 * i;
+      gathered_row[i] = Config::kGatherTokens && row < token_rows ? token_index[item.tokens.row_begin + row] : -1;
+    }
+    // A gathering stage lands only the tile's valid rows; the rest of the tile keeps stale rows
+    // whose products the epilogue never writes (each output row depends on its own input row only).
+    const std::uint32_t stage_bytes =
+        Config::kGatherTokens ? kWeightBytes + token_rows * kRowBytes : Config::kStageBytes;
     for (int k_block = 0; k_block < k_blocks; ++k_block) {
-      // NOTE: parity (phase ^ 1) passes at once on a fresh barrier: every stage starts empty.
-      ptx::Barrier::wait(&smem.empty[state.stage], state.phase ^ 1);
-      ptx::Barrier::arrive_and_expect_tx(&smem.full[state.stage], Config::kStageBytes);
-      ptx::tma_load_2d(a_map, &smem.full[state.stage], smem.a_tile(state.stage), k_block * kBlockK, a_row);
-      ptx::tma_load_2d(b_map, &smem.full[state.stage], smem.b_tile(state.stage), k_block * kBlockK, b_row);
+      std::uint8_t* token_tile = Config::kSwapAB ? smem.b_tile(state.stage) : smem.a_tile(state.stage);
+      std::uint8_t* weight_tile = Config::kSwapAB ? smem.a_tile(state.stage) : smem.b_tile(state.stage);
+      if (lane == 0) {
+        // NOTE: parity (phase ^ 1) passes at once on a fresh barrier: every stage starts empty.
+        ptx::Barrier::wait(&smem.empty[state.stage], state.phase ^ 1);
+        ptx::Barrier::arrive_and_expect_tx(&smem.full[state.stage], stage_bytes);
+        ptx::tma_load_2d(weight_map, &smem.full[state.stage], weight_tile, k_block * kBlockK, weight_row);
+        if constexpr (!Config::kGatherTokens)
+          ptx::tma_load_2d(token_map, &smem.full[state.stage], token_tile, k_block * kBlockK, item.tokens.row_begin);
+      }
+      if constexpr (Config::kGatherTokens) {
+        __syncwarp();
+        #pragma unroll
+        for (int i = 0; i < kRowsPerLane; ++i) {
+          if (gathered_row[i] >= 0)
+            ptx::tma_load_2d(token_map, &smem.full[state.stage], token_tile + (lane + 32 * i) * kRowBytes,
+                             k_block * kBlockK, gathered_row[i]);
+        }
+      }
       state.advance<Config::kStages>();
     }
   }

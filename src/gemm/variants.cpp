@@ -8,24 +8,26 @@
 
 namespace hmoe::gemm {
 
-#define HMOE_GEMM_VARIANT(name, epilogue, swap_ab, token_tile, weight_tile, stages) \
+#define HMOE_GEMM_VARIANT(name, epilogue, swap_ab, token_tile, weight_tile, stages, gather) \
   void launch_##name(const GemmLaunch&, cudaStream_t);
 #include "gemm_variants.inc"
 #undef HMOE_GEMM_VARIANT
 
 std::span<const GemmVariant> gemm_variants() {
   static const GemmVariant table[] = {
-#define HMOE_GEMM_VARIANT(name, epilogue, swap_ab, token_tile, weight_tile, stages) \
-  {#name, EpilogueKind::epilogue, swap_ab, token_tile, weight_tile, stages, &launch_##name},
+#define HMOE_GEMM_VARIANT(name, epilogue, swap_ab, token_tile, weight_tile, stages, gather) \
+  {#name, EpilogueKind::epilogue, swap_ab, token_tile, weight_tile, stages, gather, &launch_##name},
 #include "gemm_variants.inc"
 #undef HMOE_GEMM_VARIANT
   };
   return table;
 }
 
-const GemmVariant* find_gemm_variant(EpilogueKind epilogue, bool swap_ab, int token_tile) {
+const GemmVariant* find_gemm_variant(EpilogueKind epilogue, bool swap_ab, int token_tile, int weight_tile,
+                                     bool gather_tokens) {
   for (const GemmVariant& variant : gemm_variants()) {
-    if (variant.epilogue == epilogue && variant.swap_ab == swap_ab && variant.token_tile == token_tile)
+    if (variant.epilogue == epilogue && variant.swap_ab == swap_ab && variant.token_tile == token_tile &&
+        variant.weight_tile == weight_tile && variant.gather_tokens == gather_tokens)
       return &variant;
   }
   return nullptr;

@@ -17,12 +17,14 @@ struct GemmVariant {
   int token_tile;
   int weight_tile;
   int stages;
+  bool gather_tokens;   // reads x rows through the row → token index (GemmLaunch::token_index)
   void (*launch)(const GemmLaunch&, cudaStream_t);
 };
 
 std::span<const GemmVariant> gemm_variants();
 
 // The variant with exactly these properties, or nullptr.
-const GemmVariant* find_gemm_variant(EpilogueKind epilogue, bool swap_ab, int token_tile);
+const GemmVariant* find_gemm_variant(EpilogueKind epilogue, bool swap_ab, int token_tile, int weight_tile,
+                                     bool gather_tokens = false);
 
 }  // namespace hmoe::gemm

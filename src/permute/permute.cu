@@ -130,8 +130,6 @@ __global__ void assign_rows_kernel(const int* __restrict__ topk_ids, const float
 }
 
 // One warp per expert-sorted row: copy the x row of the token that fills it (16-byte vectors).
-// NOTE: GEMM1 could read x rows in place with one 128-byte TMA box per row, but at 128-row tiles
-// the per-row TMA requests cost ~60 cycles each and made prefill 2.8× slower (docs/PERF.md, v2).
 __global__ void gather_rows_kernel(const uint4* __restrict__ x, const int* __restrict__ sorted_tokens,
                                    const int* __restrict__ expert_offsets, int experts, int vectors_per_row,
                                    uint4* __restrict__ sorted_x) {
@@ -146,8 +144,8 @@ __global__ void gather_rows_kernel(const uint4* __restrict__ x, const int* __res
 }  // namespace
 
 void launch_permute(const int* topk_ids, const float* topk_weights, const void* x, int num_tokens, int top_k,
-                    int experts, int hidden, int token_tile, const PermuteBuffers& buffers, int* invalid_id_count,
-                    cudaStream_t stream) {
+                    int experts, int hidden, int token_tile, bool gather_x, const PermuteBuffers& buffers,
+                    int* invalid_id_count, cudaStream_t stream) {
   if (experts > kScanThreads) throw Error("hmoe: permute supports at most 1024 experts");
   const int entries = num_tokens * top_k;
   if (entries <= kSingleBlockEntries) {
@@ -171,6 +169,7 @@ void launch_permute(const int* topk_ids, const float* topk_weights, const void* 
                                                                    buffers.row_weights, buffers.sorted_tokens);
     HMOE_CUDA_CHECK(cudaGetLastError());
   }
+  if (!gather_x) return;
   constexpr int kWarpsPerBlock = 8;
   gather_rows_kernel<<<(entries + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, 0, stream>>>(
       static_cast<const uint4*>(x), buffers.sorted_tokens, buffers.expert_offsets, experts, hidden / 8,

@@ -21,10 +21,11 @@ struct PermuteBuffers {
   void* sorted_x;           // [T·k, H] bf16: x rows in expert-sorted order (GEMM1's token operand)
 };
 
-// Enqueues the stage: two launches up to kSingleBlockEntries (token, slot) pairs, five above.
-// x rows are 16-byte aligned (H % 8 == 0).
+// Enqueues the stage: one launch up to kSingleBlockEntries (token, slot) pairs, four above, plus
+// the gather of x into sorted_x unless gather_x is false (GEMM1 then reads x through
+// sorted_tokens). x rows are 16-byte aligned (H % 8 == 0).
 void launch_permute(const int* topk_ids, const float* topk_weights, const void* x, int num_tokens, int top_k,
-                    int experts, int hidden, int token_tile, const PermuteBuffers& buffers, int* invalid_id_count,
-                    cudaStream_t stream);
+                    int experts, int hidden, int token_tile, bool gather_x, const PermuteBuffers& buffers,
+                    int* invalid_id_count, cudaStream_t stream);
 
 }  // namespace hmoe::permute

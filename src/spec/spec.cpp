@@ -1,4 +1,5 @@
 // Model presets of DESIGN.md §3, spec validation, and the short names the CLI prints.
+#include <cmath>
 #include <sstream>
 
 #include "hmoe/hmoe.hpp"
@@ -66,15 +67,26 @@ std::vector<std::string> preset_names() {
 }
 
 void validate(const MoeSpec& spec) {
+  // Enums first: a value cast from an out-of-range integer (FFI, deserialised configs) is named.
+  if (static_cast<int>(spec.weight_dtype) < 0 || static_cast<int>(spec.weight_dtype) > 1)
+    fail("weight_dtype", static_cast<int>(spec.weight_dtype), "0 (bf16) or 1 (fp8-e4m3)");
+  if (static_cast<int>(spec.scheme) < 0 || static_cast<int>(spec.scheme) > 3)
+    fail("scheme", static_cast<int>(spec.scheme), "0 (none), 1 (fp8-tensor), 2 (fp8-channel) or 3 (fp8-block)");
+  if (static_cast<int>(spec.routing.function) < 0 || static_cast<int>(spec.routing.function) > 1)
+    fail("routing.function", static_cast<int>(spec.routing.function), "0 (softmax) or 1 (grouped)");
+  if (static_cast<int>(spec.routing.logits_dtype) < 0 || static_cast<int>(spec.routing.logits_dtype) > 1)
+    fail("routing.logits_dtype", static_cast<int>(spec.routing.logits_dtype), "0 (fp32) or 1 (bf16)");
   if (spec.num_experts < 1 || spec.num_experts > kMaxExperts)
     fail("num_experts", spec.num_experts, "1.." + std::to_string(kMaxExperts));
   if (spec.top_k < 1 || spec.top_k > spec.num_experts || spec.top_k > kMaxTopK)
     fail("top_k", spec.top_k,
          "1..min(num_experts=" + std::to_string(spec.num_experts) + ", " + std::to_string(kMaxTopK) + ")");
-  if (spec.hidden < kDimAlignment || spec.hidden % kDimAlignment != 0)
-    fail("hidden", spec.hidden, "a positive multiple of " + std::to_string(kDimAlignment));
-  if (spec.intermediate < kDimAlignment || spec.intermediate % kDimAlignment != 0)
-    fail("intermediate", spec.intermediate, "a positive multiple of " + std::to_string(kDimAlignment));
+  const std::string dim_range = "a multiple of " + std::to_string(kDimAlignment) + " in " +
+                                std::to_string(kDimAlignment) + ".." + std::to_string(kMaxDim);
+  if (spec.hidden < kDimAlignment || spec.hidden > kMaxDim || spec.hidden % kDimAlignment != 0)
+    fail("hidden", spec.hidden, dim_range);
+  if (spec.intermediate < kDimAlignment || spec.intermediate > kMaxDim || spec.intermediate % kDimAlignment != 0)
+    fail("intermediate", spec.intermediate, dim_range);
   if (spec.weight_dtype == WeightDType::kBF16 && spec.scheme != QuantScheme::kNone)
     fail("scheme", static_cast<int>(spec.scheme), "QuantScheme::kNone for bf16 weights");
   if (spec.weight_dtype == WeightDType::kFP8E4M3 && spec.scheme == QuantScheme::kNone)
@@ -94,9 +106,12 @@ void validate(const MoeSpec& spec) {
     if (spec.top_k > routing.topk_groups * group_size)
       fail("top_k", spec.top_k, "at most topk_groups × experts per group = " +
                                     std::to_string(routing.topk_groups * group_size));
-    if (!(routing.routed_scaling_factor > 0.0f))
-      throw Error("hmoe: invalid MoeSpec.routing.routed_scaling_factor = " +
-                  std::to_string(routing.routed_scaling_factor) + ": expected > 0");
+    if (!(routing.routed_scaling_factor > 0.0f) || !std::isfinite(routing.routed_scaling_factor)) {
+      std::ostringstream message;
+      message << "hmoe: invalid MoeSpec.routing.routed_scaling_factor = " << routing.routed_scaling_factor
+              << ": expected a finite value > 0";
+      throw Error(message.str());
+    }
   }
 }
 

@@ -13,7 +13,6 @@ namespace hmoe::testkit {
 namespace {
 
 constexpr int kWarmupRounds = 3;
-constexpr int kMinReplays = 40;
 constexpr int kMaxReplays = 20000;
 
 int count_experts_hit(const reference::Routing& routing, int num_experts) {
@@ -39,10 +38,22 @@ struct ReplaySet {
 
 std::vector<BenchRow> bench_layer(const MoeSpec& spec, const BenchOptions& options,
                                   const std::function<void(const BenchRow&)>& on_row) {
+  LayerWeights weights;
+  {
+    const Stream stream;
+    weights = make_layer_weights(spec, options.seed, /*keep_host_copy=*/false, stream.get());
+    stream.synchronize();  // the runs go to another stream
+  }
+  return bench_layer(weights, options, on_row);
+}
+
+std::vector<BenchRow> bench_layer(const LayerWeights& weights, const BenchOptions& options,
+                                  const std::function<void(const BenchRow&)>& on_row) {
   if (options.input_sets < 1) throw Error("hmoe testkit: bench_layer needs input_sets >= 1");
-  const Ceilings& ceilings = measured_ceilings();
+  const MoeSpec& spec = weights.spec;
+  const Ceilings no_ceilings;
+  const Ceilings& ceilings = options.measure_floor ? measured_ceilings() : no_ceilings;
   Stream stream;
-  const LayerWeights weights = make_layer_weights(spec, options.seed, /*keep_host_copy=*/false, stream.get());
   const double expert_bytes = 3.0 * spec.hidden * static_cast<double>(spec.intermediate) * sizeof(std::uint16_t);
 
   std::vector<BenchRow> rows;
@@ -51,6 +62,7 @@ std::vector<BenchRow> bench_layer(const MoeSpec& spec, const BenchOptions& optio
     PlanOptions plan_options;
     plan_options.max_tokens = num_tokens;
     plan_options.orientation = options.orientation;
+    plan_options.force_variant = options.force_variant;
     const MoeRunner runner(spec, plan_options);
     DeviceBuffer workspace(runner.workspace_bytes());
     const double activation_bytes = 2.0 * num_tokens * static_cast<double>(spec.hidden) * sizeof(std::uint16_t);
@@ -63,7 +75,8 @@ std::vector<BenchRow> bench_layer(const MoeSpec& spec, const BenchOptions& optio
       ReplaySet set;
       set.inputs = make_layer_inputs(weights, num_tokens, Entry::kLogits, draw, stream.get());
       set.out = DeviceBuffer(static_cast<std::size_t>(num_tokens) * spec.hidden * sizeof(std::uint16_t));
-      set.experts_hit = count_experts_hit(host_routing(weights, set.inputs, stream.get()), spec.num_experts);
+      if (options.measure_floor)
+        set.experts_hit = count_experts_hit(host_routing(weights, set.inputs, stream.get()), spec.num_experts);
       set.bytes_touched = set.experts_hit * expert_bytes + activation_bytes;
       RunArgs args = run_args(weights, set.inputs, set.out.get());
       args.workspace = workspace.get();
@@ -83,7 +96,7 @@ std::vector<BenchRow> bench_layer(const MoeSpec& spec, const BenchOptions& optio
     stream.synchronize();
     const double estimated_replay_s = elapsed_ms(round_start, round_stop) * 1e-3 / graphs.size();
     int replays = static_cast<int>(options.seconds_per_point / std::max(estimated_replay_s, 1e-7));
-    replays = std::clamp(replays, kMinReplays, kMaxReplays);
+    replays = std::clamp(replays, std::max(options.min_replays, 1), kMaxReplays);
     replays += static_cast<int>(graphs.size()) - 1 - (replays - 1) % static_cast<int>(graphs.size());
 
     // NOTE: consecutive marks time each replay alone; the host enqueues far ahead of the GPU, so
@@ -107,8 +120,10 @@ std::vector<BenchRow> bench_layer(const MoeSpec& spec, const BenchOptions& optio
     row.median_us = percentile(replay_us, 0.5);
     row.p10_us = percentile(replay_us, 0.1);
     row.p90_us = percentile(replay_us, 0.9);
-    const double compute_floor_us = flops / (ceilings.bf16_gemm_tflop_per_s * 1e12) * 1e6;
+    const double compute_floor_us =
+        options.measure_floor ? flops / (ceilings.bf16_gemm_tflop_per_s * 1e12) * 1e6 : 0.0;
     for (const ReplaySet& set : sets) {
+      if (!options.measure_floor) break;
       row.bytes_touched += set.bytes_touched / sets.size();
       row.experts_hit += static_cast<double>(set.experts_hit) / sets.size();
       const double memory_floor_us = set.bytes_touched / (ceilings.bandwidth_gb_per_s() * 1e9) * 1e6;

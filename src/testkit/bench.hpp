@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "hmoe/hmoe.hpp"
+#include "testkit/layer_data.hpp"
 #include "testkit/random_inputs.hpp"
 
 namespace hmoe::testkit {
@@ -19,7 +21,12 @@ struct BenchOptions {
   // Independent x + logits sets replayed round-robin: each routes to different experts, so the
   // weights a replay needs are not the ones the previous replay left in L2.
   int input_sets = 4;
-  double seconds_per_point = 0.25;  // timed replays per token count, at least kMinReplays
+  double seconds_per_point = 0.25;  // timed replays per token count, at least min_replays
+  int min_replays = 40;
+  std::string force_variant;        // PlanOptions::force_variant (the tuner); empty: hmoe chooses
+  // Count the experts each input set hits and hold the time against the floor (copies the routing
+  // to the host and measures the ceilings once); the tuner, which only ranks variants, turns it off.
+  bool measure_floor = true;
 };
 
 struct BenchRow {
@@ -41,6 +48,9 @@ struct BenchRow {
 // set's run_from_logits is captured into its own graph, warmed up, then replays are timed one by one
 // with events. on_row, when set, sees each row as soon as it is measured.
 std::vector<BenchRow> bench_layer(const MoeSpec& spec, const BenchOptions& options,
+                                  const std::function<void(const BenchRow&)>& on_row = {});
+// The same with weights the caller generated once (the tuner times many variants on one set).
+std::vector<BenchRow> bench_layer(const LayerWeights& weights, const BenchOptions& options,
                                   const std::function<void(const BenchRow&)>& on_row = {});
 
 }  // namespace hmoe::testkit

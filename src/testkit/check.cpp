@@ -89,7 +89,10 @@ CheckResult check_layer(const LayerWeights& weights, const CheckOptions& options
   PlanOptions plan_options;
   plan_options.max_tokens = options.num_tokens;
   plan_options.orientation = options.orientation;
-  const MoeRunner runner(spec, plan_options);
+  plan_options.max_workspace_bytes = options.max_workspace_bytes;
+  MoeSpec run_spec = spec;
+  run_spec.batch_invariant = spec.batch_invariant || options.batch_invariant;
+  const MoeRunner runner(run_spec, plan_options);
   DeviceBuffer workspace(runner.workspace_bytes());
   const std::size_t out_count = static_cast<std::size_t>(options.num_tokens) * spec.hidden;
   DeviceBuffer out(out_count * sizeof(std::uint16_t));

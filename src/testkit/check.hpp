@@ -28,6 +28,8 @@ struct CheckOptions {
   // Above this many tokens the reference runs on a seeded sample of this many plus the first and
   // last token; unwritten and non-finite elements are still counted over all of them.
   int max_reference_tokens = 256;
+  std::size_t max_workspace_bytes = 0;  // PlanOptions::max_workspace_bytes (0 = no cap, no chunks)
+  bool batch_invariant = false;         // runs with MoeSpec::batch_invariant set
 };
 
 struct CheckResult {

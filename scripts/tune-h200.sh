@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Tunes the five presets (bf16) on this GPU into tuned/, then reports what tuning gained (tuned vs
+# analytic rule vs best single variant, geometric mean over the sweep), cold start and first-call
+# latency, and host overhead; a compact table last. About 4-5 minutes on an H200 after the build.
+# Usage: scripts/tune-h200.sh   (logs and the tuned tables also go to $OUT when set)
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+out=${OUT:-/tmp/hmoe-tune-h200}
+mkdir -p "$out/tuned"
+presets="qwen3-30b-a3b deepseek-v3-tp8 olmoe-1b-7b qwen3-235b-a22b-tp4 mixtral-8x7b"
+summary=()
+note() { summary+=("$1"); }
+start_all=$(date +%s)
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
+
+# ---- Build: reuse a carried build/ when its binaries start here, else build with all cores.
+bin=build
+if ! "$bin/hmoe" --help >/dev/null 2>&1; then
+  bin=build-device
+  start=$(date +%s)
+  cmake -S . -B "$bin" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$out/build.log" 2>&1 &&
+    cmake --build "$bin" -j "$(nproc)" >>"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; echo "BUILD FAILED"; exit 1; }
+  note "build        | built on device in $(( $(date +%s) - start )) s"
+  start_all=$(date +%s)
+fi
+hmoe="$bin/hmoe"
+
+# ---- Dispatcher GPU tests: empty tuned dir -> analytic rule, a tuned table is used, every pair correct.
+timeout 180 "$bin/hmoe_gpu_tests" --gtest_filter='DispatchGpu.*' --gtest_color=no >"$out/dispatch_tests.log" 2>&1
+rc=$?
+note "gpu tests    | DispatchGpu.*: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$out/dispatch_tests.log" | tr '\n' ' ')(exit $rc)"
+
+# ---- Tune every preset into tuned/ (resumable: rerunning picks up *.partial files).
+for preset in $presets; do
+  start=$(date +%s)
+  timeout 150 "$hmoe" tune --model "$preset" --out tuned >"$out/tune-$preset.log" 2>"$out/tune-$preset.err"
+  rc=$?
+  line=$(grep '^summary:' "$out/tune-$preset.log" | sed 's/^summary: //')
+  note "tune         | $preset: ${line:-FAILED (exit $rc, see tune-$preset.err)} [$(( $(date +%s) - start )) s]"
+done
+cp tuned/*.json "$out/tuned/" 2>/dev/null
+note "tables       | $(ls tuned/*.json 2>/dev/null | wc -l) in tuned/ (copied to \$OUT/tuned/)"
+
+# ---- Independent check, fresh measurements: tuned table vs analytic rule (empty HMOE_TUNED_DIR).
+empty=$(mktemp -d)
+for preset in qwen3-30b-a3b; do
+  "$hmoe" bench --model "$preset" --explain >"$out/explain-$preset.log" 2>&1
+  timeout 60 "$hmoe" bench --model "$preset" --tokens 1,16,256,4096 >"$out/bench-tuned-$preset.log" 2>&1
+  HMOE_TUNED_DIR=$empty timeout 60 "$hmoe" bench --model "$preset" --tokens 1,16,256,4096 \
+    >"$out/bench-analytic-$preset.log" 2>&1
+  ratio=$(paste <(grep -E '^ +[0-9]+ ' "$out/bench-analytic-$preset.log" | awk '{print $1, $2}') \
+                <(grep -E '^ +[0-9]+ ' "$out/bench-tuned-$preset.log" | awk '{print $2}') |
+          awk '{printf "T=%s %.2fx ", $1, $2/$3; s += log($2/$3); n++} END {if (n) printf "| geomean %.3fx", exp(s/n)}')
+  note "bench recheck| $preset analytic/tuned: ${ratio:-n/a}"
+done
+rmdir "$empty"
+
+# ---- Cold start and first-call latency, one fresh process per preset.
+for preset in $presets; do
+  timeout 60 "$hmoe" coldstart --model "$preset" >"$out/coldstart-$preset.log" 2>&1
+  note "coldstart    | $(grep '^coldstart:' "$out/coldstart-$preset.log" | sed 's/^coldstart: //' || echo "$preset FAILED")"
+done
+
+# ---- Host overhead: CPU time per run and per graph launch, launches per layer.
+for preset in qwen3-30b-a3b deepseek-v3-tp8; do
+  timeout 60 "$hmoe" bench --model "$preset" --host-overhead >"$out/host-overhead-$preset.log" 2>&1
+  while read -r t run p90 graph kernels nodes rest; do
+    note "host         | $preset T=$t: run ${run} us (p90 ${p90}), graph launch ${graph} us, ${kernels} kernels/${nodes} nodes"
+  done < <(grep -E '^ +[0-9]+ ' "$out/host-overhead-$preset.log")
+done
+
+for preset in $presets; do
+  echo "==== $preset: tune"; cat "$out/tune-$preset.log"; tail -3 "$out/tune-$preset.err"
+  echo "==== $preset: coldstart"; cat "$out/coldstart-$preset.log"
+done
+echo "==== qwen3-30b-a3b: explain"; cat "$out/explain-qwen3-30b-a3b.log"
+for preset in qwen3-30b-a3b deepseek-v3-tp8; do
+  echo "==== $preset: host overhead"; cat "$out/host-overhead-$preset.log"
+done
+grep -E '^\[  FAILED  \]' "$out/dispatch_tests.log" | head -20
+echo
+echo "==== tune-h200 summary ($(date -u +%FT%TZ), $(( $(date +%s) - start_all )) s after the build) ===="
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,461 @@
+// The dispatcher without a GPU: the kernel registry agrees with cmake's generated list and with the
+// binary, plans only ever use variants whose constraints hold, tuned tables are read, looked up and
+// rejected (with one warning) as docs/DISPATCH.md says, and the CLI exposes it all.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dispatch/json.hpp"
+#include "dispatch/plan.hpp"
+#include "dispatch/registry.hpp"
+#include "dispatch/tuned_table.hpp"
+#include "hmoe/hmoe.hpp"
+#include "testkit/device.hpp"
+
+namespace hmoe::dispatch {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kDevice = "NVIDIA H200";
+
+std::string run_command(const std::string& command, int* exit_code) {
+  std::string output;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return output;
+  char buffer[4096];
+  std::size_t read = 0;
+  while ((read = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, read);
+  const int status = pclose(pipe);
+  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return output;
+}
+
+std::string cli(const std::string& arguments, int* exit_code) {
+  return run_command(std::string("'") + HMOE_CLI_PATH + "' " + arguments, exit_code);
+}
+
+// A fresh directory under the system temp dir, removed at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "hmoe-tuned-XXXXXX").string();
+    path_ = mkdtemp(pattern.data());
+  }
+  ~TempDir() {
+    std::error_code error;
+    fs::remove_all(path_, error);
+  }
+  const std::string& path() const { return path_; }
+  std::string write(const std::string& name, const std::string& text) const {
+    const std::string file = (fs::path(path_) / name).string();
+    std::ofstream(file) << text;
+    return file;
+  }
+
+ private:
+  std::string path_;
+};
+
+// Sets HMOE_TUNED_DIR for one test.
+class ScopedTunedDir {
+ public:
+  explicit ScopedTunedDir(const std::string& dir) { setenv(kTunedDirEnv, dir.c_str(), 1); }
+  ~ScopedTunedDir() { unsetenv(kTunedDirEnv); }
+};
+
+std::string table_json(const MoeSpec& spec, const std::string& device, const std::string& buckets) {
+  std::ostringstream text;
+  text << "{\"format\": \"hmoe-tuned-v1\", \"device_name\": \"" << device << "\", \"dtype\": \"bf16\", \"E\": "
+       << spec.num_experts << ", \"N\": " << spec.intermediate << ", \"K\": " << spec.hidden
+       << ", \"buckets\": {" << buckets << "}}";
+  return text.str();
+}
+
+std::string bucket(int tokens, const std::string& gemm1, const std::string& gemm2) {
+  return "\"" + std::to_string(tokens) + "\": {\"gemm1\": \"" + gemm1 + "\", \"gemm2\": \"" + gemm2 + "\", \"us\": 1.5}";
+}
+
+// ---- JSON reader -------------------------------------------------------------------------------
+
+TEST(Json, ReadsTheFormatsHmoeWrites) {
+  const JsonValue value = parse_json(R"( {"a": [1, -2.5e1, true, null], "b": {"c": "x\"\u00e9\n"}, "d": {}} )");
+  ASSERT_TRUE(value.is_object());
+  ASSERT_EQ(value.find("a")->items.size(), 4u);
+  EXPECT_EQ(value.find("a")->items[1].number, -25.0);
+  EXPECT_TRUE(value.find("a")->items[2].boolean);
+  EXPECT_EQ(value.find("b")->find("c")->string, "x\"\xc3\xa9\n");
+  EXPECT_TRUE(value.find("d")->is_object());
+  EXPECT_EQ(value.find("missing"), nullptr);
+  EXPECT_EQ(parse_json(json_quote("tab\there \"q\" \\")).string, "tab\there \"q\" \\");
+}
+
+TEST(Json, ErrorsSayWhere) {
+  for (const char* bad : {"", "{", "{\"a\" 1}", "{\"a\": 1,}", "[1 2]", "{\"a\": tru}", "\"open", "01x", "{} {}",
+                          "{\"a\": 1.}", "[\"\\q\"]"}) {
+    EXPECT_THROW(parse_json(bad), JsonError) << bad;
+  }
+  try {
+    parse_json("{\n  \"a\": [1,\n  ]\n}");
+    FAIL() << "no error";
+  } catch (const JsonError& error) {
+    EXPECT_NE(std::string(error.what()).find("line 3"), std::string::npos) << error.what();
+  }
+}
+
+// ---- Registry -----------------------------------------------------------------------------------
+
+// cmake/kernels.cmake's list, entry by entry: "name epilogue swap_ab token_tile weight_tile stages gather".
+std::map<std::string, std::vector<std::string>> cmake_variant_list() {
+  std::ifstream file(std::string(HMOE_SOURCE_DIR) + "/cmake/kernels.cmake");
+  std::stringstream text;
+  text << file.rdbuf();
+  const std::string content = text.str();
+  const std::size_t begin = content.find("set(HMOE_GEMM_VARIANTS");
+  const std::size_t end = content.find(')', begin);
+  std::map<std::string, std::vector<std::string>> entries;
+  if (begin == std::string::npos) return entries;
+  const std::string list = content.substr(begin, end - begin);
+  const std::regex entry_pattern("\"([^\"]+)\"");
+  for (auto match = std::sregex_iterator(list.begin(), list.end(), entry_pattern); match != std::sregex_iterator(); ++match) {
+    std::istringstream fields((*match)[1].str());
+    std::vector<std::string> values;
+    for (std::string field; fields >> field;) values.push_back(field);
+    if (!values.empty()) entries[values[0]] = values;
+  }
+  return entries;
+}
+
+TEST(Registry, AgreesWithTheCmakeList) {
+  const auto entries = cmake_variant_list();
+  ASSERT_FALSE(entries.empty()) << "could not read HMOE_GEMM_VARIANTS from cmake/kernels.cmake";
+  std::set<std::string> registered;
+  for (const gemm::GemmVariant& variant : gemm::gemm_variants()) {
+    registered.insert(variant.name);
+    const auto entry = entries.find(variant.name);
+    ASSERT_NE(entry, entries.end()) << variant.name << " is registered but not in cmake/kernels.cmake";
+    const std::vector<std::string>& fields = entry->second;
+    ASSERT_EQ(fields.size(), 7u) << variant.name;
+    EXPECT_EQ(fields[1], variant.epilogue == gemm::EpilogueKind::kSwiGlu ? "kSwiGlu" : "kRoutingWeight") << variant.name;
+    EXPECT_EQ(fields[2], variant.swap_ab ? "true" : "false") << variant.name;
+    EXPECT_EQ(std::stoi(fields[3]), variant.token_tile) << variant.name;
+    EXPECT_EQ(std::stoi(fields[4]), variant.weight_tile) << variant.name;
+    EXPECT_EQ(std::stoi(fields[5]), variant.stages) << variant.name;
+    EXPECT_EQ(fields[6], variant.gather_tokens ? "true" : "false") << variant.name;
+  }
+  for (const auto& [name, fields] : entries) EXPECT_TRUE(registered.count(name)) << name << " generated but not registered";
+  std::printf("registry: %zu variants, all in cmake/kernels.cmake with the same constraints\n", registered.size());
+}
+
+TEST(Registry, PairsAreValidAndOrderedByGranule) {
+  const MoeSpec spec = preset("qwen3-30b-a3b");
+  const std::vector<PlanVariant> pairs = eligible_plan_variants(spec);
+  ASSERT_FALSE(pairs.empty());
+  for (std::size_t i = 0; i < pairs.size(); ++i) {
+    std::string why;
+    EXPECT_TRUE(valid_plan_variant(pairs[i], spec, &why)) << pairs[i].id() << ": " << why;
+    EXPECT_EQ(parse_plan_variant(pairs[i].id(), spec).id(), pairs[i].id());
+    if (i > 0) {
+      EXPECT_LE(granule_rank(*pairs[i - 1].gemm1), granule_rank(*pairs[i].gemm1));
+    }
+  }
+  std::printf("qwen3-30b-a3b: %zu eligible pairs, from %s to %s\n", pairs.size(), pairs.front().summary().c_str(),
+              pairs.back().summary().c_str());
+}
+
+TEST(Registry, RejectsWhatCannotRun) {
+  const MoeSpec spec = preset("qwen3-30b-a3b");
+  EXPECT_THROW(parse_plan_variant("nonsense", spec), Error);
+  EXPECT_THROW(parse_plan_variant("swiglu_swap_t8_w64+no_such_kernel", spec), Error);
+  EXPECT_THROW(parse_plan_variant("swiglu_swap_t8_w64+weighted_swap_t16_w64", spec), Error);   // token tiles differ
+  EXPECT_THROW(parse_plan_variant("weighted_swap_t8_w64+swiglu_swap_t8_w64", spec), Error);    // roles swapped
+  MoeSpec fp8 = spec;
+  fp8.weight_dtype = WeightDType::kFP8E4M3;
+  fp8.scheme = QuantScheme::kBlock128;
+  EXPECT_TRUE(eligible_plan_variants(fp8).empty()) << "every compiled variant reads bf16";
+  std::string why;
+  EXPECT_FALSE(supports(gemm::gemm_variants().front(), fp8, &why));
+  EXPECT_NE(why.find("bf16"), std::string::npos) << why;
+}
+
+// choose_plan, over presets, odd shapes, token counts and orientations, only returns pairs whose
+// constraints hold — with and without a tuned table.
+TEST(Registry, ChoosePlanNeverPicksAVariantThatCannotRun) {
+  std::vector<MoeSpec> specs;
+  for (const std::string& name : preset_names()) specs.push_back(preset(name));
+  MoeSpec odd = preset("olmoe-1b-7b");
+  odd.hidden = 64 * 7;
+  odd.intermediate = 64 * 3;
+  specs.push_back(odd);
+  MoeSpec wide = preset("qwen3-30b-a3b");
+  wide.num_experts = 1024;
+  wide.top_k = 32;
+  specs.push_back(wide);
+  int plans = 0;
+  for (const MoeSpec& spec : specs) {
+    const std::vector<PlanVariant> pairs = eligible_plan_variants(spec);
+    PlanOverrides tuned;
+    auto table = std::make_shared<TunedTable>();
+    table->source = "tuned:test";
+    for (std::size_t i = 0; i < pairs.size(); ++i)
+      table->buckets.push_back(TunedBucket{1 << static_cast<int>(i), pairs[i], 1.0});
+    tuned.tuned = table;
+    for (int tokens : {1, 2, 3, 7, 8, 17, 63, 64, 65, 100, 255, 777, 1000, 4096, 5000, 12345, 16384, 65536, 1 << 20}) {
+      for (Orientation orientation : {Orientation::kAuto, Orientation::kNormal, Orientation::kSwapAB}) {
+        for (const PlanOverrides* overrides : {static_cast<const PlanOverrides*>(nullptr),
+                                               static_cast<const PlanOverrides*>(&tuned)}) {
+          const Plan plan = choose_plan(spec, tokens, orientation, overrides);
+          std::string why;
+          ASSERT_TRUE(valid_plan_variant(PlanVariant{plan.gemm1, plan.gemm2}, spec, &why))
+              << "T=" << tokens << " " << to_string(orientation) << ": " << why;
+          EXPECT_EQ(plan.token_tile, plan.gemm1->token_tile);
+          EXPECT_EQ(plan.swap_ab, plan.gemm1->swap_ab);
+          if (orientation != Orientation::kAuto) {
+            EXPECT_EQ(plan.swap_ab, orientation == Orientation::kSwapAB) << "T=" << tokens;
+          }
+          EXPECT_EQ(plan.source, overrides != nullptr && orientation == Orientation::kAuto ? "tuned:test" : "analytic");
+          ++plans;
+        }
+      }
+    }
+  }
+  std::printf("%d plans checked against their variants' constraints\n", plans);
+}
+
+// ---- Tuned tables -------------------------------------------------------------------------------
+
+TEST(TunedTable, FileNameFollowsTheServingEngineConvention) {
+  EXPECT_EQ(tuned_file_name(preset("qwen3-30b-a3b"), kDevice), "E=128,N=768,K=2048,device_name=NVIDIA_H200,dtype=bf16.json");
+  EXPECT_EQ(tuned_file_name(preset("deepseek-v3-tp8"), kDevice), "E=256,N=256,K=7168,device_name=NVIDIA_H200,dtype=bf16.json");
+}
+
+TEST(TunedTable, ReadsLooksUpNearestBucketAndDrivesThePlan) {
+  const MoeSpec spec = preset("qwen3-30b-a3b");
+  const TempDir dir;
+  const std::string name = tuned_file_name(spec, kDevice);
+  dir.write(name, table_json(spec, kDevice,
+                             bucket(1, "swiglu_swap_t8_w64", "weighted_swap_t8_w64") + "," +
+                                 bucket(64, "swiglu_swap_t32_w64", "weighted_swap_t32_w64") + "," +
+                                 bucket(4096, "swiglu_normal_t128_w256", "weighted_normal_t128_w256")));
+  std::string error;
+  const auto table = read_tuned_table((fs::path(dir.path()) / name).string(), spec, kDevice, &error);
+  ASSERT_NE(table, nullptr) << error;
+  EXPECT_EQ(table->source, "tuned:" + name);
+  ASSERT_EQ(table->buckets.size(), 3u);
+  // Nearest on a log scale: 8 = sqrt(1·64) ties to the smaller bucket, 9 goes up; 512 = sqrt(64·4096).
+  const std::map<int, int> expected = {{1, 1}, {8, 1}, {9, 64}, {64, 64}, {512, 64}, {513, 4096}, {100000, 4096}};
+  for (const auto& [tokens, bucket_tokens] : expected) EXPECT_EQ(table->bucket_for(tokens).num_tokens, bucket_tokens) << tokens;
+
+  const ScopedTunedDir scoped(dir.path());
+  const auto found = find_tuned_table(spec, kDevice);
+  ASSERT_NE(found, nullptr);
+  EXPECT_EQ(find_tuned_table(spec, "NVIDIA H100 80GB HBM3"), nullptr) << "another device's name, another file";
+  EXPECT_EQ(find_tuned_table(spec, ""), nullptr) << "no device, no table";
+  PlanOverrides overrides;
+  overrides.tuned = found;
+  const Plan plan = choose_plan(spec, 100, Orientation::kAuto, &overrides);
+  EXPECT_EQ(std::string(plan.gemm1->name), "swiglu_swap_t32_w64");
+  EXPECT_EQ(plan.source, "tuned:" + name);
+  EXPECT_EQ(choose_plan(spec, 100, Orientation::kNormal, &overrides).source, "analytic")
+      << "an explicit orientation is the caller's choice";
+}
+
+TEST(TunedTable, MalformedOrStaleFilesAreRejectedWithTheReason) {
+  const MoeSpec spec = preset("qwen3-30b-a3b");
+  const std::string good = bucket(1, "swiglu_swap_t8_w64", "weighted_swap_t8_w64");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{\"E\": 128,", "line 1"},
+      {"[1, 2]", "not a JSON object"},
+      {table_json(preset("olmoe-1b-7b"), kDevice, good), "does not match the layer"},
+      {table_json(spec, "NVIDIA H100", good), "NVIDIA H100"},
+      {table_json(spec, kDevice, bucket(1, "swiglu_swap_t8_w64", "weighted_swap_t8_w32")), "no compiled kernel"},
+      {table_json(spec, kDevice, bucket(1, "swiglu_swap_t8_w64", "weighted_normal_t64_w128")), "differ"},
+      {table_json(spec, kDevice, ""), "empty"},
+      {table_json(spec, kDevice, "\"zero\": {\"gemm1\": \"a\", \"gemm2\": \"b\"}"), "positive token count"},
+      {table_json(spec, kDevice, good + "," + good), "twice"},
+  };
+  const TempDir dir;
+  for (const auto& [text, reason] : cases) {
+    const std::string path = dir.write("table.json", text);
+    std::string error;
+    EXPECT_EQ(read_tuned_table(path, spec, kDevice, &error), nullptr) << text;
+    EXPECT_NE(error.find(reason), std::string::npos) << "expected '" << reason << "' in: " << error;
+  }
+}
+
+TEST(TunedTable, ABadFileWarnsOnceAndFallsBackToTheAnalyticRule) {
+  const MoeSpec spec = preset("olmoe-1b-7b");
+  const TempDir dir;
+  dir.write(tuned_file_name(spec, kDevice), table_json(spec, kDevice, bucket(1, "gone_kernel", "weighted_swap_t8_w64")));
+  const ScopedTunedDir scoped(dir.path());
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(find_tuned_table(spec, kDevice), nullptr);
+  EXPECT_EQ(find_tuned_table(spec, kDevice), nullptr);
+  const std::string warnings = testing::internal::GetCapturedStderr();
+  std::printf("warning printed: %s", warnings.c_str());
+  EXPECT_NE(warnings.find("gone_kernel"), std::string::npos) << warnings;
+  EXPECT_NE(warnings.find("analytic rule"), std::string::npos) << warnings;
+  EXPECT_EQ(warnings.find("warning"), warnings.rfind("warning")) << "expected exactly one warning:\n" << warnings;
+}
+
+TEST(TunedTable, EmptyOrMissingDirectoryMeansTheAnalyticRule) {
+  const MoeSpec spec = preset("qwen3-30b-a3b");
+  const TempDir dir;
+  {
+    const ScopedTunedDir scoped(dir.path());
+    EXPECT_EQ(tuned_search_dirs(), std::vector<std::string>{dir.path()}) << "the variable replaces the defaults";
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(find_tuned_table(spec, kDevice), nullptr);
+    EXPECT_EQ(testing::internal::GetCapturedStderr(), "") << "an empty directory is not an error";
+  }
+  {
+    const ScopedTunedDir scoped(dir.path() + "/missing");
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(find_tuned_table(spec, kDevice), nullptr);
+    EXPECT_NE(testing::internal::GetCapturedStderr().find("not a directory"), std::string::npos);
+  }
+  const std::vector<std::string> defaults = tuned_search_dirs();
+  ASSERT_FALSE(defaults.empty());
+  EXPECT_EQ(defaults.back(), std::string(HMOE_SOURCE_DIR) + "/tuned");
+}
+
+// Every table shipped in tuned/ reads back for its preset: a renamed or removed kernel fails here,
+// not silently at serving time.
+TEST(TunedTable, ShippedTablesAreValid) {
+  const fs::path dir = fs::path(HMOE_SOURCE_DIR) / "tuned";
+  if (!fs::is_directory(dir)) GTEST_SKIP() << "no tuned/ directory in the source tree";
+  int checked = 0;
+  for (const auto& entry : fs::directory_iterator(dir, fs::directory_options::skip_permission_denied)) {
+    if (entry.path().extension() != ".json") continue;
+    std::ifstream file(entry.path());
+    std::stringstream text;
+    text << file.rdbuf();
+    const JsonValue root = parse_json(text.str());
+    const std::string device = root.find("device_name")->string;
+    bool matched = false;
+    for (const std::string& name : preset_names()) {
+      const MoeSpec spec = preset(name);
+      if (tuned_file_name(spec, device) != entry.path().filename().string()) continue;
+      std::string error;
+      EXPECT_NE(read_tuned_table(entry.path().string(), spec, device, &error), nullptr) << entry.path() << ": " << error;
+      matched = true;
+    }
+    EXPECT_TRUE(matched) << entry.path() << " matches no preset's file name";
+    ++checked;
+  }
+  std::printf("%d shipped tuned tables valid\n", checked);
+}
+
+TEST(ForcedVariant, RunnerUsesItOrNamesWhatIsWrong) {
+  const MoeSpec spec = preset("qwen3-30b-a3b");
+  PlanOptions options;
+  options.max_tokens = 4096;
+  options.force_variant = "swiglu_normal_t64_w128+weighted_normal_t64_w128";
+  const PlanInfo plan = MoeRunner(spec, options).plan_info(1);
+  EXPECT_EQ(plan.source, "forced");
+  EXPECT_EQ(plan.gemm1_kernel, "swiglu_normal_t64_w128");
+  EXPECT_EQ(plan.orientation, Orientation::kNormal);
+  options.force_variant = "swiglu_normal_t64_w128";
+  try {
+    MoeRunner runner(spec, options);
+    FAIL() << "no error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("swiglu_normal_t64_w128"), std::string::npos) << error.what();
+  }
+}
+
+// ---- CLI and the binary ---------------------------------------------------------------------------
+
+TEST(KernelList, InfoKernelsMatchesCompiledKernels) {
+  int exit_code = -1;
+  const std::string output = cli("info --kernels", &exit_code);
+  ASSERT_EQ(exit_code, 0) << output;
+  std::vector<std::string> listed;
+  std::istringstream lines(output);
+  std::string line;
+  std::getline(lines, line);   // "compiled kernels (N), ..."
+  std::getline(lines, line);   // column names
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    std::string name;
+    fields >> name;
+    listed.push_back(name);
+    EXPECT_NE(line.find("bf16"), std::string::npos) << line;
+  }
+  EXPECT_EQ(listed, compiled_kernels()) << output;
+  EXPECT_NE(output.find("no JIT"), std::string::npos) << output;
+}
+
+// The binary holds SASS for every listed variant and no PTX, so the driver has nothing to JIT.
+TEST(KernelList, BinaryHoldsEveryVariantAsSassAndNoPtx) {
+  const std::string cuobjdump = HMOE_CUOBJDUMP_PATH;
+  if (cuobjdump.empty() || cuobjdump.find("NOTFOUND") != std::string::npos) GTEST_SKIP() << "cuobjdump not found";
+  int exit_code = -1;
+  const std::string ptx = run_command("'" + cuobjdump + "' --list-ptx '" + HMOE_CLI_PATH + "'", &exit_code);
+  EXPECT_EQ(ptx.find(".ptx"), std::string::npos) << "PTX embedded (JIT-able):\n" << ptx;
+  const std::string symbols = run_command("'" + cuobjdump + "' --dump-resource-usage '" + HMOE_CLI_PATH + "'", &exit_code);
+  ASSERT_EQ(exit_code, 0) << symbols;
+  int found = 0;
+  for (const gemm::GemmVariant& variant : gemm::gemm_variants()) {
+    // Itanium mangling of GemmConfig<EpilogueKind(e), swap_ab, token_tile, weight_tile, stages, gather>.
+    const std::string arguments = "EpilogueKindE" + std::to_string(static_cast<int>(variant.epilogue)) + "ELb" +
+                                  (variant.swap_ab ? "1" : "0") + "ELi" + std::to_string(variant.token_tile) + "ELi" +
+                                  std::to_string(variant.weight_tile) + "ELi" + std::to_string(variant.stages) + "ELb" +
+                                  (variant.gather_tokens ? "1" : "0") + "E";
+    const bool present = symbols.find("GemmConfig") != std::string::npos && symbols.find(arguments) != std::string::npos;
+    EXPECT_TRUE(present) << variant.name << ": no sm_90a kernel with template arguments " << arguments;
+    found += present;
+  }
+  std::printf("cuobjdump: %d/%zu variants present as sm_90a SASS, no PTX\n", found, gemm::gemm_variants().size());
+}
+
+TEST(Cli, TuneAndColdstartUsage) {
+  for (const std::string command : {"tune --help", "coldstart --help"}) {
+    int exit_code = -1;
+    const std::string output = cli(command, &exit_code);
+    EXPECT_EQ(exit_code, 0) << output;
+    EXPECT_NE(output.find("usage: hmoe"), std::string::npos) << output;
+  }
+  for (const std::string command : {"tune", "tune --model gpt-17", "coldstart --model qwen3-30b-a3b --tokens 0",
+                                    "tune --model qwen3-30b-a3b --dtype fp8-block", "bench --model qwen3-30b-a3b --explain=1"}) {
+    int exit_code = -1;
+    const std::string output = cli(command, &exit_code);
+    EXPECT_EQ(exit_code, 2) << command << "\n" << output;
+  }
+}
+
+TEST(Cli, GpuToolsSayWhenThereIsNoGpu) {
+  if (testkit::hopper_gpu_available(nullptr)) GTEST_SKIP() << "a Hopper GPU is present";
+  for (const std::string command : {"tune --model qwen3-30b-a3b", "coldstart --model qwen3-30b-a3b",
+                                    "bench --model qwen3-30b-a3b --host-overhead"}) {
+    int exit_code = -1;
+    const std::string output = cli(command, &exit_code);
+    EXPECT_EQ(exit_code, 1) << command << "\n" << output;
+    EXPECT_NE(output.find("no Hopper GPU"), std::string::npos) << output;
+    EXPECT_EQ(output.find('\n'), output.size() - 1) << "expected one line:\n" << output;
+  }
+}
+
+TEST(Cli, BenchExplainShowsVariantAndSource) {
+  int exit_code = -1;
+  const std::string output = cli("bench --model qwen3-30b-a3b --tokens 1,777,16384 --explain", &exit_code);
+  EXPECT_EQ(exit_code, 0) << output;
+  for (const char* part : {"swiglu_", "weighted_", "source"}) EXPECT_NE(output.find(part), std::string::npos) << output;
+  if (!testkit::hopper_gpu_available(nullptr)) {
+    EXPECT_NE(output.find("analytic"), std::string::npos) << output;
+  }
+  std::printf("%s", output.c_str());
+}
+
+}  // namespace
+}  // namespace hmoe::dispatch

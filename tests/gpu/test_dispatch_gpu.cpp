@@ -1,0 +1,119 @@
+// The dispatcher on the GPU: with the tuned directory emptied the analytic rule still runs every
+// layer correctly, a tuned table for this device is picked up, and every variant pair the tuner
+// may choose matches the float64 reference.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "dispatch/json.hpp"
+#include "dispatch/registry.hpp"
+#include "dispatch/tuned_table.hpp"
+#include "gpu_test_support.hpp"
+#include "testkit/check.hpp"
+
+namespace hmoe::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+class ScopedTunedDir {
+ public:
+  ScopedTunedDir() {
+    std::string pattern = (fs::temp_directory_path() / "hmoe-tuned-gpu-XXXXXX").string();
+    path_ = mkdtemp(pattern.data());
+    setenv(dispatch::kTunedDirEnv, path_.c_str(), 1);
+  }
+  ~ScopedTunedDir() {
+    unsetenv(dispatch::kTunedDirEnv);
+    std::error_code error;
+    fs::remove_all(path_, error);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Runs one layer with plan_options and compares it with the reference.
+testkit::CheckResult run_and_check(const testkit::LayerWeights& weights, int num_tokens, const PlanOptions& plan_options,
+                                   PlanInfo* plan) {
+  const testkit::Stream stream;
+  const testkit::RoutingDraw draw{testkit::RoutingMode::kUniform, 1, 2};
+  const testkit::LayerInputs inputs =
+      testkit::make_layer_inputs(weights, num_tokens, testkit::Entry::kLogits, draw, stream.get());
+  const MoeRunner runner(weights.spec, plan_options);
+  *plan = runner.plan_info(num_tokens);
+  testkit::DeviceBuffer workspace(runner.workspace_bytes());
+  const std::size_t out_count = static_cast<std::size_t>(num_tokens) * weights.spec.hidden;
+  testkit::DeviceBuffer out(out_count * sizeof(std::uint16_t));
+  testkit::poison_bf16(out.get(), out_count, stream.get());
+  RunArgs args = testkit::run_args(weights, inputs, out.get());
+  args.workspace = workspace.get();
+  args.workspace_size = workspace.bytes();
+  testkit::run_layer(runner, args, inputs, stream.get());
+  stream.synchronize();
+  const auto out_host = testkit::copy_to_host<std::uint16_t>(out.get(), out_count, stream.get());
+  const auto x_host = testkit::copy_to_host<std::uint16_t>(inputs.x.get(), out_count, stream.get());
+  return testkit::compare_with_reference(weights, x_host, testkit::host_routing(weights, inputs, stream.get()), out_host,
+                                         reference_token_budget(weights.spec), 1);
+}
+
+void expect_pass(const testkit::CheckResult& result, const PlanInfo& plan, int num_tokens) {
+  std::cout << "  T=" << num_tokens << " " << plan.gemm1_kernel << "+" << plan.gemm2_kernel << " (" << plan.source
+            << "): rel_err " << result.rel_error << ", unwritten " << result.unwritten << "\n";
+  EXPECT_EQ(result.unwritten, 0u);
+  EXPECT_EQ(result.nonfinite, 0u);
+  EXPECT_LE(result.rel_error, result.tolerance);
+}
+
+TEST(DispatchGpu, EmptyTunedDirectoryRunsOnTheAnalyticRule) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  const ScopedTunedDir empty;
+  const testkit::LayerWeights& weights = cached_weights("qwen3-30b-a3b");
+  for (int num_tokens : {1, 100, 2048}) {
+    PlanInfo plan;
+    const testkit::CheckResult result = run_and_check(weights, num_tokens, PlanOptions{num_tokens}, &plan);
+    EXPECT_EQ(plan.source, "analytic");
+    expect_pass(result, plan, num_tokens);
+  }
+}
+
+TEST(DispatchGpu, TunedTableForThisDeviceIsUsed) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  const ScopedTunedDir dir;
+  const testkit::LayerWeights& weights = cached_weights("olmoe-1b-7b");
+  const std::string device = dispatch::current_device_name();
+  const std::string name = dispatch::tuned_file_name(weights.spec, device);
+  // A choice the analytic rule would not make at T = 4: Swap-AB with 32-token tiles.
+  std::ofstream(fs::path(dir.path()) / name)
+      << "{\"device_name\": " << dispatch::json_quote(device) << ", \"dtype\": \"bf16\", \"E\": 64, \"N\": 1024, "
+      << "\"K\": 2048, \"buckets\": {\"4\": {\"gemm1\": \"swiglu_swap_t32_w64\", \"gemm2\": \"weighted_swap_t32_w64\"}}}";
+  PlanInfo plan;
+  const testkit::CheckResult result = run_and_check(weights, 4, PlanOptions{4}, &plan);
+  EXPECT_EQ(plan.source, "tuned:" + name);
+  EXPECT_EQ(plan.gemm1_kernel, "swiglu_swap_t32_w64");
+  expect_pass(result, plan, 4);
+}
+
+// The tuner may pick any eligible pair at any T: each must be correct at a decode-like and a
+// prefill-like token count.
+TEST(DispatchGpu, EveryEligibleVariantPairMatchesTheReference) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  const testkit::LayerWeights& weights = cached_weights("qwen3-30b-a3b");
+  for (const dispatch::PlanVariant& variant : dispatch::eligible_plan_variants(weights.spec)) {
+    for (int num_tokens : {5, 1000}) {
+      PlanOptions options{num_tokens};
+      options.force_variant = variant.id();
+      PlanInfo plan;
+      const testkit::CheckResult result = run_and_check(weights, num_tokens, options, &plan);
+      EXPECT_EQ(plan.source, "forced");
+      expect_pass(result, plan, num_tokens);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hmoe::test

@@ -1,0 +1,183 @@
+// `hmoe coldstart`: how long a fresh process takes to its first layer output (weights already on the
+// GPU: their generation is timed and excluded), and how each token count's first call compares with
+// its steady state — the start-up cost JIT-compiling peers pay in seconds.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "cli.hpp"
+#include "testkit/cuda_handles.hpp"
+#include "testkit/device.hpp"
+#include "testkit/layer_data.hpp"
+
+namespace hmoe::cli {
+namespace {
+
+// The acceptance token counts: odd sizes no tuned bucket matches exactly.
+constexpr const char* kDefaultTokens = "1,3,17,100,777,5000,12345";
+constexpr int kSteadyWarmup = 10;
+constexpr int kSteadyRuns = 50;
+constexpr double kColdStartBudgetMs = 1000.0;
+constexpr double kFirstCallBudget = 1.2;   // first call ≤ 1.2 × steady-state median
+
+constexpr const char* kColdstartUsage =
+    "usage: hmoe coldstart --model PRESET [--tokens T[,T...]]\n"
+    "  --model   a preset of DESIGN.md §3\n"
+    "  --tokens  token counts (default 1,3,17,100,777,5000,12345); the first is the cold-start call\n"
+    "run it in a fresh process: prints the time from process start (a steady clock read first thing in\n"
+    "main(), and the kernel's process start time from /proc/self/stat) to the first layer output,\n"
+    "excluding weight and input generation, then per T the first call (CUDA events around the\n"
+    "enqueue) against the steady-state median of 50 calls. Exit 1 if no Hopper GPU, 2 on bad usage\n";
+
+using Clock = std::chrono::steady_clock;
+
+double ms_between(Clock::time_point start, Clock::time_point stop) {
+  return std::chrono::duration<double, std::milli>(stop - start).count();
+}
+
+// Milliseconds from the kernel starting this process to now, from /proc (10 ms ticks); < 0 if unknown.
+double process_age_ms() {
+  std::ifstream stat_file("/proc/self/stat");
+  std::ifstream uptime_file("/proc/uptime");
+  std::string stat;
+  std::getline(stat_file, stat);
+  double uptime_s = 0.0;
+  uptime_file >> uptime_s;
+  // NOTE: field 2 (the command name) may hold spaces; fields are counted after its closing ')'.
+  const std::size_t close = stat.rfind(')');
+  if (close == std::string::npos || !uptime_file) return -1.0;
+  std::istringstream fields(stat.substr(close + 2));
+  std::string field;
+  for (int index = 3; index <= 22 && fields >> field; ++index) {
+    if (index == 22) return (uptime_s - std::stod(field) / static_cast<double>(::sysconf(_SC_CLK_TCK))) * 1e3;
+  }
+  return -1.0;
+}
+
+struct FirstCall {
+  int num_tokens = 0;
+  double first_us = 0.0;        // events around the first enqueue (GPU idle before it)
+  double first_host_us = 0.0;   // steady clock around the first enqueue and its synchronisation
+  double steady_us = 0.0;       // median of kSteadyRuns
+  PlanInfo plan;
+};
+
+}  // namespace
+
+int run_coldstart(const std::vector<std::string>& args) {
+  std::string preset_name;
+  MoeSpec spec;
+  std::vector<int> token_counts;
+  try {
+    const ParsedOptions parsed = parse_options(args, {"--model", "--tokens"});
+    if (parsed.help) {
+      std::cout << kColdstartUsage;
+      return 0;
+    }
+    if (!parsed.has("--model")) throw UsageError("missing --model PRESET");
+    preset_name = parsed.get("--model", "");
+    spec = parse_preset(preset_name);
+    token_counts = parse_token_list(parsed.get("--tokens", kDefaultTokens));
+  } catch (const UsageError& error) {
+    return usage_error("coldstart", error.what(), kColdstartUsage);
+  }
+  const Clock::time_point entry = main_entry_time();
+  const double age_at_entry_ms = process_age_ms() - ms_between(entry, Clock::now());
+  if (report_if_no_hopper_gpu("coldstart")) return kExitFailure;
+
+  try {
+    HMOE_CUDA_CHECK(cudaFree(nullptr));  // the context
+    const Clock::time_point context_ready = Clock::now();
+    const testkit::Stream stream;
+    testkit::LayerWeights weights = testkit::make_layer_weights(spec, 1, false, stream.get());
+    stream.synchronize();
+    const Clock::time_point weights_ready = Clock::now();
+
+    PlanOptions plan_options;
+    plan_options.max_tokens = *std::max_element(token_counts.begin(), token_counts.end());
+    const MoeRunner runner(spec, plan_options);
+    testkit::DeviceBuffer workspace(runner.workspace_bytes());
+    testkit::DeviceBuffer out(static_cast<std::size_t>(plan_options.max_tokens) * spec.hidden * 2);
+    const Clock::time_point planned = Clock::now();
+
+    std::vector<testkit::LayerInputs> inputs;
+    for (int num_tokens : token_counts)
+      inputs.push_back(testkit::make_layer_inputs(weights, num_tokens, testkit::Entry::kLogits, testkit::RoutingDraw{},
+                                                  stream.get()));
+    stream.synchronize();
+    const Clock::time_point inputs_ready = Clock::now();
+
+    std::vector<FirstCall> calls;
+    Clock::time_point first_output;
+    for (std::size_t index = 0; index < token_counts.size(); ++index) {
+      RunArgs run_args = testkit::run_args(weights, inputs[index], out.get());
+      run_args.workspace = workspace.get();
+      run_args.workspace_size = workspace.bytes();
+      const void* logits = inputs[index].router_logits.get();
+      FirstCall call;
+      call.num_tokens = token_counts[index];
+      const testkit::Event start, stop;
+      const Clock::time_point host_start = Clock::now();
+      start.record(stream.get());
+      runner.run_from_logits(run_args, logits, stream.get());
+      stop.record(stream.get());
+      stream.synchronize();
+      const Clock::time_point host_stop = Clock::now();
+      if (index == 0) first_output = host_stop;
+      call.first_us = 1e3 * testkit::elapsed_ms(start, stop);
+      call.first_host_us = 1e3 * ms_between(host_start, host_stop);
+
+      for (int run = 0; run < kSteadyWarmup; ++run) runner.run_from_logits(run_args, logits, stream.get());
+      std::vector<testkit::Event> marks(kSteadyRuns + 1);
+      marks[0].record(stream.get());
+      for (int run = 0; run < kSteadyRuns; ++run) {
+        runner.run_from_logits(run_args, logits, stream.get());
+        marks[run + 1].record(stream.get());
+      }
+      stream.synchronize();
+      std::vector<double> steady_us;
+      for (int run = 0; run < kSteadyRuns; ++run) steady_us.push_back(1e3 * testkit::elapsed_ms(marks[run], marks[run + 1]));
+      std::sort(steady_us.begin(), steady_us.end());
+      call.steady_us = steady_us[steady_us.size() / 2];
+      call.plan = runner.plan_info(call.num_tokens);
+      calls.push_back(call);
+    }
+
+    const double weights_ms = ms_between(context_ready, weights_ready);
+    const double inputs_ms = ms_between(planned, inputs_ready);
+    const double cold_ms = ms_between(entry, first_output) - weights_ms - inputs_ms;
+    std::printf("device: %s\n", testkit::describe(testkit::current_device_info()).c_str());
+    std::printf("layer: %s bf16 E=%d k=%d H=%d I=%d; runner planned once for max_tokens=%d\n", preset_name.c_str(),
+                spec.num_experts, spec.top_k, spec.hidden, spec.intermediate, plan_options.max_tokens);
+    if (age_at_entry_ms >= 0)
+      std::printf("process start -> main(): %.0f ms (/proc/self/stat, 10 ms ticks)\n", age_at_entry_ms);
+    std::printf("main() -> CUDA context: %.1f ms; weights generated %.1f ms (excluded); plan + workspace %.2f ms; "
+                "inputs %.1f ms (excluded)\n",
+                ms_between(entry, context_ready), weights_ms, ms_between(weights_ready, planned), inputs_ms);
+    std::printf("main() -> first output (T=%d), excluding weights and inputs: %.1f ms  [%s, budget %.0f ms]\n",
+                token_counts.front(), cold_ms, cold_ms <= kColdStartBudgetMs ? "PASS" : "FAIL", kColdStartBudgetMs);
+    std::printf("%6s %12s %14s %12s %7s  %-5s %s\n", "T", "first_us", "first_host_us", "steady_us", "ratio", "", "plan");
+    double worst_ratio = 0.0;
+    for (const FirstCall& call : calls) {
+      const double ratio = call.first_us / call.steady_us;
+      worst_ratio = std::max(worst_ratio, ratio);
+      std::printf("%6d %12.1f %14.1f %12.1f %6.2fx  %-5s %s (%s)\n", call.num_tokens, call.first_us, call.first_host_us,
+                  call.steady_us, ratio, ratio <= kFirstCallBudget ? "PASS" : "FAIL", plan_summary(call.plan).c_str(),
+                  call.plan.source.c_str());
+    }
+    std::printf("coldstart: model=%s cold_ms=%.1f exec_to_main_ms=%.0f worst_first_call_ratio=%.2f\n",
+                preset_name.c_str(), cold_ms, age_at_entry_ms, worst_ratio);
+    return 0;
+  } catch (const std::exception& error) {
+    std::cerr << "hmoe coldstart: error: " << error.what() << "\n";
+    return kExitFailure;
+  }
+}
+
+}  // namespace hmoe::cli
