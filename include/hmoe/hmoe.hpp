@@ -161,6 +161,7 @@ class MoeRunner {
 
  private:
   void check_args(const RunArgs& args) const;
+  void prepare_kernels() const;
   void run_experts(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights, int num_sms,
                    cudaStream_t stream) const;
 

@@ -46,4 +46,9 @@ void launch_combine(const void* y, const int* slot_rows, int num_tokens, int top
   HMOE_CUDA_CHECK(cudaGetLastError());
 }
 
+void prepare() {
+  cudaFuncAttributes attributes;
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, combine_kernel));
+}
+
 }  // namespace hmoe::combine

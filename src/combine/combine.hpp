@@ -10,4 +10,7 @@ namespace hmoe::combine {
 void launch_combine(const void* y, const int* slot_rows, int num_tokens, int top_k, int hidden, void* out,
                     cudaStream_t stream);
 
+// Loads the stage's kernel (module loading is lazy), so the first run costs what later runs do.
+void prepare();
+
 }  // namespace hmoe::combine

@@ -10,6 +10,8 @@
 #include "combine/combine.hpp"
 #include "common/cuda_check.hpp"
 #include "dispatch/plan.hpp"
+#include "gemm/tensor_map.hpp"
+#include "gemm/variants.hpp"
 #include "dispatch/tuned_table.hpp"
 #include "hmoe/hmoe.hpp"
 #include "permute/permute.hpp"
@@ -110,6 +112,18 @@ MoeRunner::MoeRunner(const MoeSpec& spec, const PlanOptions& options) : spec_(sp
   chunk_tokens_ = dispatch::chunk_tokens(spec_, options.max_tokens, options.max_workspace_bytes);
   workspace_bytes_ = dispatch::workspace_layout(spec_, chunk_tokens_).total;
   overrides_ = dispatch::make_plan_overrides(spec_, options_);
+  if (!dispatch::current_device_name().empty()) prepare_kernels();
+}
+
+// NOTE: CUDA loads modules lazily and each GEMM variant raises its shared-memory limit on first
+// use; done here, at plan time, the first run at any T costs what later runs do (a first call was
+// measured 10–43× its steady state on H200 without this).
+void MoeRunner::prepare_kernels() const {
+  routing::prepare(spec_);
+  permute::prepare();
+  combine::prepare();
+  gemm::prepare_tensor_maps();
+  for (const gemm::GemmVariant& variant : gemm::gemm_variants()) variant.prepare();
 }
 
 PlanInfo MoeRunner::plan_info(int num_tokens) const {

@@ -68,6 +68,21 @@ __global__ void __launch_bounds__(Config::kThreads, 1) expert_gemm_kernel(const 
   }
 }
 
+// CTAs of this variant that fit on one SM; the first call also raises the kernel's shared-memory
+// limit and, with lazy module loading, loads the kernel (MoeRunner does it at plan time).
+template <class Config>
+int ctas_per_sm() {
+  static const int ctas = [] {
+    HMOE_CUDA_CHECK(cudaFuncSetAttribute(expert_gemm_kernel<Config>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Config::kSmemBytes));
+    int blocks = 0;
+    HMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, expert_gemm_kernel<Config>,
+                                                                  Config::kThreads, Config::kSmemBytes));
+    return blocks > 0 ? blocks : 1;
+  }();
+  return ctas;
+}
+
 template <class Config>
 void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream) {
   // 1. Preconditions (the dispatcher only picks variants whose constraints hold; re-checked cheaply).
@@ -76,17 +91,9 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream) {
   if (Config::kGatherTokens != (launch.token_index != nullptr))
     throw Error("hmoe: expert GEMM variant and launch disagree on gathering token rows");
   // 2. Grid: persistent, as many CTAs as fit on the chip but no more than there can be work items.
-  static const int ctas_per_sm = [] {
-    HMOE_CUDA_CHECK(cudaFuncSetAttribute(expert_gemm_kernel<Config>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Config::kSmemBytes));
-    int blocks = 0;
-    HMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, expert_gemm_kernel<Config>,
-                                                                  Config::kThreads, Config::kSmemBytes));
-    return blocks > 0 ? blocks : 1;
-  }();
   const int weight_tiles = (launch.weight_rows + Config::kWeightTile - 1) / Config::kWeightTile;
   const long long max_items = static_cast<long long>(launch.max_tiles) * weight_tiles;
-  const int grid = static_cast<int>(std::min<long long>(max_items, static_cast<long long>(launch.num_sms) * ctas_per_sm));
+  const int grid = static_cast<int>(std::min<long long>(max_items, static_cast<long long>(launch.num_sms) * ctas_per_sm<Config>()));
   if (grid <= 0) return;
   // 3. TMA descriptors.
   KernelArgs args;

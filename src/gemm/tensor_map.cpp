@@ -30,6 +30,8 @@ EncodeTiled tensor_map_encoder() {
 
 }  // namespace
 
+void prepare_tensor_maps() { tensor_map_encoder(); }
+
 CUtensorMap make_tensor_map(const void* base, long long rows, int cols, int box_rows) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};

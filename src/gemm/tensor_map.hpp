@@ -9,4 +9,7 @@ namespace hmoe::gemm {
 // 128-byte swizzle; reads past the matrix are zero-filled.
 CUtensorMap make_tensor_map(const void* base, long long rows, int cols, int box_rows);
 
+// Resolves the driver's tensor-map encoder now rather than at the first launch.
+void prepare_tensor_maps();
+
 }  // namespace hmoe::gemm

@@ -9,14 +9,15 @@
 namespace hmoe::gemm {
 
 #define HMOE_GEMM_VARIANT(name, epilogue, swap_ab, token_tile, weight_tile, stages, gather) \
-  void launch_##name(const GemmLaunch&, cudaStream_t);
+  void launch_##name(const GemmLaunch&, cudaStream_t);                                       \
+  void prepare_##name();
 #include "gemm_variants.inc"
 #undef HMOE_GEMM_VARIANT
 
 std::span<const GemmVariant> gemm_variants() {
   static const GemmVariant table[] = {
 #define HMOE_GEMM_VARIANT(name, epilogue, swap_ab, token_tile, weight_tile, stages, gather) \
-  {#name, EpilogueKind::epilogue, swap_ab, token_tile, weight_tile, stages, gather, &launch_##name},
+  {#name, EpilogueKind::epilogue, swap_ab, token_tile, weight_tile, stages, gather, &launch_##name, &prepare_##name},
 #include "gemm_variants.inc"
 #undef HMOE_GEMM_VARIANT
   };

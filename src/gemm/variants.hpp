@@ -19,6 +19,7 @@ struct GemmVariant {
   int stages;
   bool gather_tokens;   // reads x rows through the row → token index (GemmLaunch::token_index)
   void (*launch)(const GemmLaunch&, cudaStream_t);
+  void (*prepare)();    // one-time setup (shared-memory limit, occupancy, module load); launch does it too
 };
 
 std::span<const GemmVariant> gemm_variants();

@@ -177,4 +177,13 @@ void launch_permute(const int* topk_ids, const float* topk_weights, const void* 
   HMOE_CUDA_CHECK(cudaGetLastError());
 }
 
+void prepare() {
+  cudaFuncAttributes attributes;
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, permute_single_block_kernel));
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, count_experts_kernel));
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, build_work_list_kernel));
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, assign_rows_kernel));
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, gather_rows_kernel));
+}
+
 }  // namespace hmoe::permute

@@ -28,4 +28,7 @@ void launch_permute(const int* topk_ids, const float* topk_weights, const void* 
                     int experts, int hidden, int token_tile, bool gather_x, const PermuteBuffers& buffers,
                     int* invalid_id_count, cudaStream_t stream);
 
+// Loads the stage's kernels (module loading is lazy), so the first run costs what later runs do.
+void prepare();
+
 }  // namespace hmoe::permute

@@ -208,6 +208,14 @@ __global__ void grouped_topk_kernel(const Logit* __restrict__ logits, const floa
 template <int kPerLane, typename Logit>
 void launch_for(const MoeSpec& spec, const Logit* logits, const float* correction_bias, int num_tokens,
                 int* topk_ids, float* topk_weights, cudaStream_t stream) {
+  if (num_tokens == 0) {   // prepare(): only load the kernel this spec uses
+    cudaFuncAttributes attributes;
+    if (spec.routing.function == RoutingFunction::kSoftmaxTopK)
+      HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, softmax_topk_kernel<kPerLane, Logit>));
+    else
+      HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, grouped_topk_kernel<kPerLane, Logit>));
+    return;
+  }
   const int blocks = (num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
   const RoutingSpec& routing = spec.routing;
   if (routing.function == RoutingFunction::kSoftmaxTopK) {
@@ -243,5 +251,7 @@ void launch_topk(const MoeSpec& spec, const void* logits, const float* correctio
     launch_typed(spec, static_cast<const __nv_bfloat16*>(logits), correction_bias, num_tokens, topk_ids,
                  topk_weights, stream);
 }
+
+void prepare(const MoeSpec& spec) { launch_topk(spec, nullptr, nullptr, 0, nullptr, nullptr, nullptr); }
 
 }  // namespace hmoe::routing

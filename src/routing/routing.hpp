@@ -12,4 +12,8 @@ namespace hmoe::routing {
 void launch_topk(const MoeSpec& spec, const void* logits, const float* correction_bias, int num_tokens,
                  int* topk_ids, float* topk_weights, cudaStream_t stream);
 
+// Loads the kernel launch_topk would use for this spec (module loading is lazy), so the first run
+// costs what later runs do.
+void prepare(const MoeSpec& spec);
+
 }  // namespace hmoe::routing
