@@ -179,9 +179,12 @@ void fuzz_cpp_runner(FuzzInput& in, const hmoe::MoeSpec& spec) {
         if (from_logits) logits = nullptr; else if (in.flag()) ids = nullptr; else weights = nullptr;
         break;
       case Sabotage::kNullX: args.x = nullptr; break;
-      case Sabotage::kMisalignedOut:
-        args.out = static_cast<char*>(args.out != nullptr ? args.out : reinterpret_cast<void*>(0x20000000)) + 2;
+      case Sabotage::kMisalignedOut: {
+        // 2 bytes past a 16-byte boundary, whatever alignment the fuzzed pointer had.
+        const std::uintptr_t base = args.out != nullptr ? reinterpret_cast<std::uintptr_t>(args.out) : 0x20000000;
+        args.out = reinterpret_cast<void*>((base & ~std::uintptr_t{15}) + 2);
         break;
+      }
       case Sabotage::kCount: break;
     }
     const bool must_throw = args.num_tokens != 0;

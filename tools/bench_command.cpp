@@ -1,105 +1,379 @@
-// `hmoe bench`: times one preset over a token sweep as CUDA-graph replays and prints each row
-// against the floor of DESIGN.md §4, with the ceilings and the card it was measured on.
+// `hmoe bench`: times one layer (a preset or an E,k,H,I spec) over a token sweep as CUDA-graph
+// replays and prints each row against the floor of DESIGN.md §4, with the ceilings and the card it
+// was measured on; optionally beside a cuBLAS per-expert peer, over a whole model (--e2e), as JSON/CSV.
+#include <cuda_runtime_api.h>
+
 #include <cstdio>
 #include <exception>
 #include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
 
 #include "cli.hpp"
 #include "dispatch/tuned_table.hpp"
 #include "testkit/bench.hpp"
+#include "testkit/bench_report.hpp"
 #include "testkit/ceilings.hpp"
+#include "testkit/cublas_peer.hpp"
 #include "testkit/device.hpp"
 #include "testkit/host_overhead.hpp"
+#include "testkit/model_layers.hpp"
 
 namespace hmoe::cli {
 namespace {
 
 // DESIGN.md §3: decode 1…256, prefill 512…16384.
 constexpr const char* kDefaultSweep = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192,16384";
+// --e2e: a token count up to this is one decode step at batch B, above it a prefill of P tokens.
+constexpr int kLargestDecodeBatch = 256;
 
 // Host overhead: decode, the Swap-AB range, the crossover, prefill.
 constexpr const char* kHostOverheadSweep = "1,16,256,4096";
 constexpr int kHostOverheadCalls = 2000;
 
 constexpr const char* kBenchUsage =
-    "usage: hmoe bench --model PRESET [--tokens T[,T...]] [--dtype bf16] [--routing uniform|zipf|extreme]\n"
-    "                  [--orientation auto|normal|swap] [--seed N] [--explain | --host-overhead]\n"
+    "usage: hmoe bench (--model PRESET | --spec E,k,H,I) [--tokens T[,T...]] [--dtype bf16]\n"
+    "                  [--routing uniform|zipf|extreme] [--orientation auto|normal|swap] [--seed N]\n"
+    "                  [--batch-invariant] [--peers cublas] [--e2e] [--json FILE] [--csv FILE]\n"
+    "                  [--explain | --host-overhead]\n"
+    "       hmoe bench --ceilings [--json FILE]\n"
     "  --model        a preset of DESIGN.md §3 (hmoe info lists them)\n"
+    "  --spec         a layer given as E,k,H,I (softmax top-k routing, renormalised)\n"
     "  --tokens       token counts (default the DESIGN.md §3 sweep 1,2,4,...,16384)\n"
     "  --dtype        weight/activation type (default bf16; FP8 is not implemented yet)\n"
     "  --routing      expert load: uniform random (default), zipf popularity, or extreme (all to the same k)\n"
     "  --orientation  GEMM orientation the runner is planned with (default auto)\n"
     "  --seed         seed of weights and inputs (default 1)\n"
+    "  --batch-invariant  plan with MoeSpec::batch_invariant (one fixed variant for every T), to measure\n"
+    "                 what batch invariance costs\n"
+    "  --peers        also time peers on the same card, shapes and expert load: cublas = per expert\n"
+    "                 cublasGemmEx GEMM1, one SwiGLU kernel, per expert GEMM2, in a CUDA graph (GEMMs and\n"
+    "                 activation only); prints its latency and the ratio hmoe/peer. PyTorch peers:\n"
+    "                 bench/peers.py\n"
+    "  --e2e          with --model: the MoE share of a forward pass over the model's MoE layers, prefill\n"
+    "                 of P = T tokens (T > 256) and one decode step at batch B = T (T <= 256), hmoe vs each\n"
+    "                 peer as a speed-up\n"
+    "  --json, --csv  also write the rows to FILE (rewritten after each token count)\n"
     "  --explain      print, per T, the kernel variant pair the runner plans and who chose it (tuned\n"
     "                 table or analytic rule), then exit without timing; works without a GPU (then no\n"
     "                 tuned table applies: tables are per device)\n"
     "  --host-overhead  CPU time per run_from_logits call and per graph launch (median of 2000, the\n"
     "                 stream synchronised every 32 calls outside the timed region), and launches per\n"
     "                 layer (kernel nodes of a captured layer); default tokens 1,16,256,4096\n"
+    "  --ceilings     measure and print the card's ceilings only: device-to-device copy, read-only\n"
+    "                 stream, cuBLAS bf16 GEMM 8192^3, cuBLASLt fp8 e4m3 GEMM 8192^3 (per-tensor scales)\n"
     "measures the card's ceilings first (copy and read-only bandwidth, bf16 GEMM), then times\n"
     "run_from_logits replays over 4 rotating input sets; exit 1 if no Hopper GPU, 2 on bad usage\n";
 
+enum class BenchMode { kSweep, kExplain, kHostOverhead, kCeilings };
+
 struct BenchCommand {
-  std::string preset_name;
+  BenchMode mode = BenchMode::kSweep;
+  std::string layer_name;           // the preset, or "spec-E..-k..-H..-I.." for --spec
   MoeSpec spec;
+  std::optional<int> moe_layers;    // presets only
   testkit::BenchOptions options;
-  bool explain = false;
-  bool host_overhead = false;
+  bool cublas_peer = false;
+  bool e2e = false;
+  std::string json_path;
+  std::string csv_path;
+  std::string command_line;
 };
 
+// "E,k,H,I": a softmax top-k layer with renormalised weights; anything hmoe::validate rejects is a
+// usage error naming the field.
+MoeSpec parse_spec(const std::string& text) {
+  std::vector<int> values;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) values.push_back(parse_positive_int("--spec", item));
+  if (values.size() != 4 || text.back() == ',')
+    throw UsageError("--spec '" + text + "': expected four positive integers E,k,H,I");
+  MoeSpec spec;
+  spec.num_experts = values[0];
+  spec.top_k = values[1];
+  spec.hidden = values[2];
+  spec.intermediate = values[3];
+  spec.routing.function = RoutingFunction::kSoftmaxTopK;
+  spec.routing.renormalize = true;
+  try {
+    validate(spec);
+  } catch (const Error& error) {
+    throw UsageError("--spec '" + text + "': " + error.what());
+  }
+  return spec;
+}
+
+bool parse_peers(const std::string& text) {
+  if (text == "cublas") return true;
+  if (text == "none") return false;
+  throw UsageError("--peers '" + text + "': expected cublas or none (the PyTorch peers run from bench/peers.py)");
+}
+
 BenchCommand parse_bench(const ParsedOptions& parsed) {
-  if (!parsed.has("--model")) throw UsageError("missing --model PRESET");
   BenchCommand command;
-  command.preset_name = parsed.get("--model", "");
-  command.spec = parse_preset(command.preset_name);
-  command.explain = parsed.flag("--explain");
-  command.host_overhead = parsed.flag("--host-overhead");
-  if (command.explain && command.host_overhead) throw UsageError("--explain and --host-overhead exclude each other");
-  command.options.token_counts =
-      parse_token_list(parsed.get("--tokens", command.host_overhead ? kHostOverheadSweep : kDefaultSweep));
+  const bool explain = parsed.flag("--explain");
+  const bool host_overhead = parsed.flag("--host-overhead");
+  const bool ceilings = parsed.flag("--ceilings");
+  if (explain + host_overhead + ceilings > 1)
+    throw UsageError("--explain, --host-overhead and --ceilings exclude each other");
+  command.mode = ceilings        ? BenchMode::kCeilings
+                 : explain       ? BenchMode::kExplain
+                 : host_overhead ? BenchMode::kHostOverhead
+                                 : BenchMode::kSweep;
+  command.json_path = parsed.get("--json", "");
+  command.csv_path = parsed.get("--csv", "");
+  if (command.mode == BenchMode::kCeilings) {
+    for (const char* option : {"--model", "--spec", "--tokens", "--routing", "--orientation", "--peers", "--csv"})
+      if (parsed.has(option)) throw UsageError(std::string("--ceilings takes no ") + option);
+    for (const char* flag : {"--e2e", "--batch-invariant"})
+      if (parsed.flag(flag)) throw UsageError(std::string("--ceilings takes no ") + flag);
+    return command;
+  }
+
+  if (parsed.has("--model") == parsed.has("--spec")) throw UsageError("give one of --model PRESET or --spec E,k,H,I");
+  if (parsed.has("--model")) {
+    command.layer_name = parsed.get("--model", "");
+    command.spec = parse_preset(command.layer_name);
+    command.moe_layers = testkit::moe_layers(command.layer_name);
+  } else {
+    command.spec = parse_spec(parsed.get("--spec", ""));
+    command.layer_name = "spec-E" + std::to_string(command.spec.num_experts) + "-k" +
+                         std::to_string(command.spec.top_k) + "-H" + std::to_string(command.spec.hidden) + "-I" +
+                         std::to_string(command.spec.intermediate);
+  }
+  command.options.token_counts = parse_token_list(
+      parsed.get("--tokens", command.mode == BenchMode::kHostOverhead ? kHostOverheadSweep : kDefaultSweep));
   require_bf16(parsed.get("--dtype", "bf16"));
   command.options.routing = parse_routing(parsed.get("--routing", "uniform"));
   command.options.orientation = parse_orientation(parsed.get("--orientation", "auto"));
   command.options.seed = parse_seed(parsed.get("--seed", "1"));
+  command.spec.batch_invariant = parsed.flag("--batch-invariant");
+  if (command.spec.batch_invariant && command.options.orientation == Orientation::kSwapAB)
+    throw UsageError("--batch-invariant runs the normal orientation: --orientation must be auto or normal");
+  command.cublas_peer = parse_peers(parsed.get("--peers", "none"));
+  command.e2e = parsed.flag("--e2e");
+  if (command.e2e && !command.moe_layers)
+    throw UsageError("--e2e needs --model PRESET (the model's MoE layer count); --spec describes one layer");
+  if (command.mode != BenchMode::kSweep) {
+    for (const char* option : {"--json", "--csv", "--peers"})
+      if (parsed.has(option)) throw UsageError(std::string(option) + " applies to timed sweeps, not --explain or --host-overhead");
+    if (command.e2e) throw UsageError("--e2e applies to timed sweeps, not --explain or --host-overhead");
+  }
   return command;
 }
 
-void print_header(const BenchCommand& command, const std::vector<std::string>& args) {
-  std::string command_line = "hmoe bench";
-  for (const std::string& arg : args) command_line += " " + arg;
+std::string command_line_of(const std::vector<std::string>& args) {
+  std::string line = "hmoe bench";
+  for (const std::string& arg : args) line += " " + arg;
+  return line;
+}
+
+testkit::BenchReport new_report(const BenchCommand& command) {
+  testkit::BenchReport report;
+  report.command = command.command_line;
+  report.device = testkit::describe(testkit::current_device_info());
+  HMOE_CUDA_CHECK(cudaRuntimeGetVersion(&report.cuda_runtime_version));
+  HMOE_CUDA_CHECK(cudaDriverGetVersion(&report.cuda_driver_version));
+  report.date_utc = testkit::utc_now_iso8601();
+  report.batch_invariant = command.spec.batch_invariant;
+  return report;
+}
+
+testkit::ReportCeilings report_ceilings(const testkit::Ceilings& ceilings) {
+  testkit::ReportCeilings result;
+  result.copy_gb_per_s = ceilings.copy_gb_per_s;
+  result.read_gb_per_s = ceilings.read_gb_per_s;
+  result.bandwidth_gb_per_s = ceilings.bandwidth_gb_per_s();
+  result.bf16_gemm_tflop_per_s = ceilings.bf16_gemm_tflop_per_s;
+  return result;
+}
+
+void write_outputs(const BenchCommand& command, const testkit::BenchReport& report) {
+  if (!command.json_path.empty()) testkit::write_text_file(command.json_path, testkit::to_json(report));
+  if (!command.csv_path.empty()) testkit::write_text_file(command.csv_path, testkit::to_csv(report));
+}
+
+void print_header(const BenchCommand& command) {
   const MoeSpec& spec = command.spec;
   const testkit::Ceilings& ceilings = testkit::measured_ceilings();
-  std::printf("command: %s\n", command_line.c_str());
+  std::printf("command: %s\n", command.command_line.c_str());
   std::printf("device: %s\n", testkit::describe(testkit::current_device_info()).c_str());
   std::printf("ceilings: d2d copy %.0f GB/s (read+write), read-only stream %.0f GB/s -> floor uses %.0f GB/s; "
               "bf16 GEMM 8192^3 %.1f TFLOP/s\n",
               ceilings.copy_gb_per_s, ceilings.read_gb_per_s, ceilings.bandwidth_gb_per_s(),
               ceilings.bf16_gemm_tflop_per_s);
-  std::printf("layer: %s bf16 E=%d k=%d H=%d I=%d %s; routing %s; orientation %s; %d input sets; CUDA graph replays\n",
-              command.preset_name.c_str(), spec.num_experts, spec.top_k, spec.hidden, spec.intermediate,
+  std::printf("layer: %s bf16 E=%d k=%d H=%d I=%d %s; routing %s; orientation %s; batch-invariant %s; %d input sets; "
+              "CUDA graph replays\n",
+              command.layer_name.c_str(), spec.num_experts, spec.top_k, spec.hidden, spec.intermediate,
               to_string(spec.routing.function).c_str(), testkit::to_string(command.options.routing).c_str(),
-              to_string(command.options.orientation).c_str(), command.options.input_sets);
-  std::printf("%6s %11s %21s %8s %8s %9s %7s %8s  %s\n", "T", "median_us", "p10-p90_us", "TFLOP/s", "GB/s",
-              "floor_us", "%floor", "experts", "plan (orientation weight_tile x token_tile) [chosen by]");
+              to_string(command.options.orientation).c_str(), spec.batch_invariant ? "on" : "off",
+              command.options.input_sets);
+  if (command.cublas_peer)
+    std::printf("peer cublas: per expert cublasGemmEx GEMM1 + one SwiGLU kernel + per expert GEMM2, same expert "
+                "load, CUDA graph replays (GEMMs and activation only)\n");
+  std::printf("%6s %11s %21s %8s %8s %9s %7s %8s", "T", "median_us", "p10-p90_us", "TFLOP/s", "GB/s", "floor_us",
+              "%floor", "experts");
+  if (command.cublas_peer) std::printf(" %10s %12s", "cublas_us", "hmoe/cublas");
+  std::printf("  %s\n", "plan (orientation weight_tile x token_tile) [chosen by]");
   std::fflush(stdout);
 }
 
-void print_row(const testkit::BenchRow& row) {
+testkit::ReportRow hmoe_report_row(const testkit::BenchRow& row) {
+  testkit::ReportRow result;
+  result.impl = "hmoe";
+  result.num_tokens = row.num_tokens;
+  result.replays = row.replays;
+  result.median_us = row.median_us;
+  result.p10_us = row.p10_us;
+  result.p90_us = row.p90_us;
+  result.tflop_per_s = row.tflop_per_s;
+  result.gb_per_s = row.gb_per_s;
+  result.floor_us = row.floor_us;
+  result.percent_of_floor = row.percent_of_floor;
+  result.experts_hit = row.experts_hit;
+  result.variant = plan_summary(row.plan);
+  result.variant_source = row.plan.source;
+  result.gemm1_kernel = row.plan.gemm1_kernel;
+  result.gemm2_kernel = row.plan.gemm2_kernel;
+  result.tokens_per_expert = row.tokens_per_expert;
+  return result;
+}
+
+// A peer's row over the same work and floor as hmoe's row at the same T.
+testkit::ReportRow peer_report_row(const testkit::PeerRow& peer, const testkit::ReportRow& hmoe) {
+  testkit::ReportRow result;
+  result.impl = peer.peer;
+  result.num_tokens = peer.num_tokens;
+  result.replays = peer.timing.replays;
+  result.median_us = peer.timing.median_us;
+  result.p10_us = peer.timing.p10_us;
+  result.p90_us = peer.timing.p90_us;
+  result.tflop_per_s = hmoe.tflop_per_s * hmoe.median_us / peer.timing.median_us;
+  result.gb_per_s = hmoe.gb_per_s * hmoe.median_us / peer.timing.median_us;
+  result.floor_us = hmoe.floor_us;
+  result.percent_of_floor = 100.0 * hmoe.floor_us / peer.timing.median_us;
+  result.experts_hit = hmoe.experts_hit;
+  result.variant = std::to_string(peer.kernel_launches) + " calls (GEMMs + SwiGLU)";
+  result.variant_source = "cublasGemmEx per expert";
+  result.hmoe_over_peer = hmoe.median_us / peer.timing.median_us;
+  return result;
+}
+
+void print_row(const testkit::ReportRow& row, const testkit::ReportRow* peer) {
   char spread[64];
   std::snprintf(spread, sizeof(spread), "%.1f-%.1f", row.p10_us, row.p90_us);
-  std::printf("%6d %11.1f %21s %8.1f %8.0f %9.1f %6.0f%% %8.1f  %s [%s]\n", row.num_tokens, row.median_us, spread,
-              row.tflop_per_s, row.gb_per_s, row.floor_us, row.percent_of_floor, row.experts_hit,
-              plan_summary(row.plan).c_str(), row.plan.source.substr(0, row.plan.source.find(':')).c_str());
+  std::printf("%6d %11.1f %21s %8.1f %8.0f %9.1f %6.0f%% %8.1f", row.num_tokens, row.median_us, spread,
+              row.tflop_per_s, row.gb_per_s, row.floor_us, row.percent_of_floor, row.experts_hit);
+  if (peer != nullptr) std::printf(" %10.1f %12.3f", peer->median_us, *peer->hmoe_over_peer);
+  std::printf("  %s [%s]\n", row.variant.c_str(), row.variant_source.substr(0, row.variant_source.find(':')).c_str());
   std::fflush(stdout);
+}
+
+// --e2e: every MoE layer of the model at the measured per-layer medians (attention, norms and the
+// dense layers are not part of it: this is the MoE share of TTFT and of one decode step).
+void print_model_level(const BenchCommand& command, const testkit::BenchReport& report) {
+  const int layers = *command.moe_layers;
+  std::printf("\nmodel level: %s, %d MoE layers; MoE part of a forward pass = %d x one layer's median\n",
+              command.layer_name.c_str(), layers, layers);
+  std::printf("  prefill P: all P prompt tokens in one pass (MoE part of time to first token)\n"
+              "  decode B:  one step for a batch of B sequences (MoE part of the time per output token)\n"
+              "  speed-up = peer time / hmoe time - 1\n");
+  std::printf("%-10s %6s %11s %11s", "phase", "tokens", "hmoe_ms", "floor_ms");
+  if (command.cublas_peer) std::printf(" %11s %16s", "cublas_ms", "speed-up_vs_cublas");
+  std::printf("\n");
+  for (const testkit::ReportRow& row : report.rows) {
+    if (row.impl != "hmoe") continue;
+    const char* phase = row.num_tokens <= kLargestDecodeBatch ? "decode B" : "prefill P";
+    std::printf("%-10s %6d %11.3f %11.3f", phase, row.num_tokens, layers * row.median_us * 1e-3,
+                layers * row.floor_us * 1e-3);
+    for (const testkit::ReportRow& peer : report.rows) {
+      if (peer.impl == "hmoe" || peer.num_tokens != row.num_tokens) continue;
+      std::printf(" %11.3f %+15.1f%%", layers * peer.median_us * 1e-3, 100.0 * (peer.median_us / row.median_us - 1.0));
+    }
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+}
+
+int sweep(const BenchCommand& command) {
+  print_header(command);
+  testkit::BenchReport report = new_report(command);
+  report.ceilings = report_ceilings(testkit::measured_ceilings());
+  testkit::ReportLayer layer;
+  layer.name = command.layer_name;
+  layer.spec = command.spec;
+  layer.routing = testkit::to_string(command.options.routing);
+  layer.orientation = to_string(command.options.orientation);
+  layer.input_sets = command.options.input_sets;
+  layer.moe_layers = command.moe_layers;
+  report.layer = layer;
+  write_outputs(command, report);  // an unwritable --json/--csv path fails before any timing
+
+  testkit::LayerWeights weights;
+  {
+    const testkit::Stream stream;
+    weights = testkit::make_layer_weights(command.spec, command.options.seed, /*keep_host_copy=*/false, stream.get());
+    stream.synchronize();
+  }
+  std::unique_ptr<testkit::CublasExpertLoop> cublas;
+  if (command.cublas_peer) cublas = std::make_unique<testkit::CublasExpertLoop>(command.spec, command.options.seed);
+
+  for (int num_tokens : command.options.token_counts) {
+    testkit::BenchOptions options = command.options;
+    options.token_counts = {num_tokens};
+    const testkit::ReportRow row = hmoe_report_row(testkit::bench_layer(weights, options).front());
+    report.rows.push_back(row);
+    std::optional<testkit::ReportRow> peer_row;
+    if (cublas) {
+      const testkit::PeerRow peer =
+          cublas->bench(num_tokens, row.tokens_per_expert, options.seconds_per_point, options.min_replays);
+      peer_row = peer_report_row(peer, row);
+      report.rows.push_back(*peer_row);
+    }
+    print_row(row, peer_row ? &*peer_row : nullptr);
+    write_outputs(command, report);
+  }
+  if (command.e2e) print_model_level(command, report);
+  return 0;
+}
+
+// --ceilings: the card's limits alone. The fp8 GEMM is measured last and may fail on its own (a
+// cuBLASLt without an e4m3 kernel for this card): the other ceilings are still printed and written.
+int ceilings_only(const BenchCommand& command) {
+  testkit::BenchReport report = new_report(command);
+  const testkit::Ceilings& ceilings = testkit::measured_ceilings();
+  report.ceilings = report_ceilings(ceilings);
+  std::printf("command: %s\n", command.command_line.c_str());
+  std::printf("device: %s\n", report.device.c_str());
+  std::printf("cuda: runtime %d, driver supports %d\n", report.cuda_runtime_version, report.cuda_driver_version);
+  std::printf("d2d copy (read+write bytes)   %8.0f GB/s\n", ceilings.copy_gb_per_s);
+  std::printf("read-only stream              %8.0f GB/s\n", ceilings.read_gb_per_s);
+  std::printf("bandwidth the floor uses      %8.0f GB/s\n", ceilings.bandwidth_gb_per_s());
+  std::printf("bf16 GEMM 8192^3 (cuBLAS)     %8.1f TFLOP/s\n", ceilings.bf16_gemm_tflop_per_s);
+  int status = 0;
+  try {
+    report.ceilings->fp8_gemm_tflop_per_s = testkit::measured_fp8_gemm_tflop_per_s();
+    std::printf("fp8 e4m3 GEMM 8192^3 (cuBLASLt, per-tensor scales, fast accumulation) %8.1f TFLOP/s\n",
+                *report.ceilings->fp8_gemm_tflop_per_s);
+  } catch (const std::exception& error) {
+    std::printf("fp8 e4m3 GEMM 8192^3: not measured: %s\n", error.what());
+    std::cerr << "hmoe bench: error: fp8 GEMM ceiling: " << error.what() << "\n";
+    status = kExitFailure;
+  }
+  std::fflush(stdout);
+  write_outputs(command, report);
+  return status;
 }
 
 // --explain: the plan per T and who chose it, without running anything.
 int explain(const BenchCommand& command) {
   std::string reason;
   const bool gpu = testkit::hopper_gpu_available(&reason);
-  std::printf("layer: %s bf16 E=%d k=%d H=%d I=%d; orientation %s\n", command.preset_name.c_str(),
+  std::printf("layer: %s bf16 E=%d k=%d H=%d I=%d; orientation %s; batch-invariant %s\n", command.layer_name.c_str(),
               command.spec.num_experts, command.spec.top_k, command.spec.hidden, command.spec.intermediate,
-              to_string(command.options.orientation).c_str());
+              to_string(command.options.orientation).c_str(), command.spec.batch_invariant ? "on" : "off");
   if (gpu) {
     std::printf("device: %s; tuned table looked up as %s\n", testkit::current_device_info().name.c_str(),
                 dispatch::tuned_file_name(command.spec, dispatch::current_device_name()).c_str());
@@ -122,9 +396,9 @@ int explain(const BenchCommand& command) {
 // --host-overhead: CPU cost of enqueuing one layer, and its launch count.
 void host_overhead(const BenchCommand& command) {
   std::printf("device: %s\n", testkit::describe(testkit::current_device_info()).c_str());
-  std::printf("layer: %s bf16; CPU time per call (steady clock), %d calls each, stream synchronised every 32 calls "
-              "outside the timed region\n",
-              command.preset_name.c_str(), kHostOverheadCalls);
+  std::printf("layer: %s bf16; batch-invariant %s; CPU time per call (steady clock), %d calls each, stream "
+              "synchronised every 32 calls outside the timed region\n",
+              command.layer_name.c_str(), command.spec.batch_invariant ? "on" : "off", kHostOverheadCalls);
   std::printf("%6s %16s %13s %18s %9s %6s  %s\n", "T", "run_median_us", "run_p90_us", "graph_launch_us",
               "kernels", "nodes", "plan");
   testkit::LayerWeights weights;
@@ -149,27 +423,29 @@ void host_overhead(const BenchCommand& command) {
 int run_bench(const std::vector<std::string>& args) {
   BenchCommand command;
   try {
-    const ParsedOptions parsed = parse_options(args, {"--model", "--tokens", "--dtype", "--routing", "--orientation", "--seed"},
-                                               {"--explain", "--host-overhead"});
+    const ParsedOptions parsed = parse_options(
+        args,
+        {"--model", "--spec", "--tokens", "--dtype", "--routing", "--orientation", "--seed", "--peers", "--json",
+         "--csv"},
+        {"--explain", "--host-overhead", "--ceilings", "--batch-invariant", "--e2e"});
     if (parsed.help) {
       std::cout << kBenchUsage;
       return 0;
     }
     command = parse_bench(parsed);
+    command.command_line = command_line_of(args);
   } catch (const UsageError& error) {
     return usage_error("bench", error.what(), kBenchUsage);
   }
-  if (command.explain) return explain(command);
+  if (command.mode == BenchMode::kExplain) return explain(command);
   if (report_if_no_hopper_gpu("bench")) return kExitFailure;
 
   try {
-    if (command.host_overhead) {
-      host_overhead(command);
-      return 0;
+    switch (command.mode) {
+      case BenchMode::kCeilings: return ceilings_only(command);
+      case BenchMode::kHostOverhead: host_overhead(command); return 0;
+      default: return sweep(command);
     }
-    print_header(command, args);
-    testkit::bench_layer(command.spec, command.options, print_row);
-    return 0;
   } catch (const std::exception& error) {
     std::cerr << "hmoe bench: error: " << error.what() << "\n";
     return kExitFailure;

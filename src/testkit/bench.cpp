@@ -3,27 +3,20 @@
 
 #include <algorithm>
 #include <cmath>
-#include <set>
 
 #include "testkit/ceilings.hpp"
 #include "testkit/cuda_handles.hpp"
 #include "testkit/layer_data.hpp"
+#include "testkit/replay_timing.hpp"
 
 namespace hmoe::testkit {
 namespace {
 
-constexpr int kWarmupRounds = 3;
-constexpr int kMaxReplays = 20000;
-
-int count_experts_hit(const reference::Routing& routing, int num_experts) {
-  std::set<int> hit;
+std::vector<int> count_tokens_per_expert(const reference::Routing& routing, int num_experts) {
+  std::vector<int> counts(num_experts, 0);
   for (std::int32_t id : routing.ids)
-    if (id >= 0 && id < num_experts) hit.insert(id);
-  return static_cast<int>(hit.size());
-}
-
-double percentile(const std::vector<double>& sorted, double fraction) {
-  return sorted[static_cast<std::size_t>(fraction * static_cast<double>(sorted.size() - 1))];
+    if (id >= 0 && id < num_experts) ++counts[id];
+  return counts;
 }
 
 // One input set, the output its replays write, and what the floor counts for it.
@@ -32,6 +25,7 @@ struct ReplaySet {
   DeviceBuffer out;
   double bytes_touched = 0.0;
   int experts_hit = 0;
+  std::vector<int> tokens_per_expert;  // measure_floor only
 };
 
 }  // namespace
@@ -75,8 +69,11 @@ std::vector<BenchRow> bench_layer(const LayerWeights& weights, const BenchOption
       ReplaySet set;
       set.inputs = make_layer_inputs(weights, num_tokens, Entry::kLogits, draw, stream.get());
       set.out = DeviceBuffer(static_cast<std::size_t>(num_tokens) * spec.hidden * sizeof(std::uint16_t));
-      if (options.measure_floor)
-        set.experts_hit = count_experts_hit(host_routing(weights, set.inputs, stream.get()), spec.num_experts);
+      if (options.measure_floor) {
+        set.tokens_per_expert = count_tokens_per_expert(host_routing(weights, set.inputs, stream.get()), spec.num_experts);
+        set.experts_hit = static_cast<int>(
+            std::count_if(set.tokens_per_expert.begin(), set.tokens_per_expert.end(), [](int count) { return count > 0; }));
+      }
       set.bytes_touched = set.experts_hit * expert_bytes + activation_bytes;
       RunArgs args = run_args(weights, set.inputs, set.out.get());
       args.workspace = workspace.get();
@@ -86,40 +83,15 @@ std::vector<BenchRow> bench_layer(const LayerWeights& weights, const BenchOption
       sets.push_back(std::move(set));
     }
 
-    const Event round_start;
-    const Event round_stop;
-    for (int round = 0; round < kWarmupRounds; ++round) {
-      if (round == kWarmupRounds - 1) round_start.record(stream.get());
-      for (const GraphExec& graph : graphs) graph.launch(stream.get());
-    }
-    round_stop.record(stream.get());
-    stream.synchronize();
-    const double estimated_replay_s = elapsed_ms(round_start, round_stop) * 1e-3 / graphs.size();
-    int replays = static_cast<int>(options.seconds_per_point / std::max(estimated_replay_s, 1e-7));
-    replays = std::clamp(replays, std::max(options.min_replays, 1), kMaxReplays);
-    replays += static_cast<int>(graphs.size()) - 1 - (replays - 1) % static_cast<int>(graphs.size());
-
-    // NOTE: consecutive marks time each replay alone; the host enqueues far ahead of the GPU, so
-    // launch overhead between replays is hidden exactly as in a serving loop replaying graphs.
-    std::vector<Event> marks(replays + 1);
-    marks[0].record(stream.get());
-    for (int replay = 0; replay < replays; ++replay) {
-      graphs[replay % graphs.size()].launch(stream.get());
-      marks[replay + 1].record(stream.get());
-    }
-    stream.synchronize();
-    HMOE_CUDA_CHECK(cudaGetLastError());
-    std::vector<double> replay_us;
-    replay_us.reserve(replays);
-    for (int replay = 0; replay < replays; ++replay) replay_us.push_back(1e3 * elapsed_ms(marks[replay], marks[replay + 1]));
-    std::sort(replay_us.begin(), replay_us.end());
+    const ReplayTiming timing =
+        time_graph_replays(graphs, options.seconds_per_point, options.min_replays, stream.get());
 
     BenchRow row;
     row.num_tokens = num_tokens;
-    row.replays = replays;
-    row.median_us = percentile(replay_us, 0.5);
-    row.p10_us = percentile(replay_us, 0.1);
-    row.p90_us = percentile(replay_us, 0.9);
+    row.replays = timing.replays;
+    row.median_us = timing.median_us;
+    row.p10_us = timing.p10_us;
+    row.p90_us = timing.p90_us;
     const double compute_floor_us =
         options.measure_floor ? flops / (ceilings.bf16_gemm_tflop_per_s * 1e12) * 1e6 : 0.0;
     for (const ReplaySet& set : sets) {
@@ -128,6 +100,7 @@ std::vector<BenchRow> bench_layer(const LayerWeights& weights, const BenchOption
       row.experts_hit += static_cast<double>(set.experts_hit) / sets.size();
       const double memory_floor_us = set.bytes_touched / (ceilings.bandwidth_gb_per_s() * 1e9) * 1e6;
       row.floor_us += std::max(memory_floor_us, compute_floor_us) / sets.size();
+      row.tokens_per_expert.push_back(set.tokens_per_expert);
     }
     row.tflop_per_s = flops / (row.median_us * 1e-6) / 1e12;
     row.gb_per_s = row.bytes_touched / (row.median_us * 1e-6) / 1e9;

@@ -42,6 +42,9 @@ struct BenchRow {
   double floor_us = 0.0;          // mean over input sets of max(bytes / bandwidth, FLOPs / peak)
   double percent_of_floor = 0.0;  // floor / median × 100
   PlanInfo plan;
+  // Per input set (measure_floor only): tokens routed to each expert, [set][expert]. Peers replay
+  // exactly this load (the cuBLAS loop, bench/peers.py through the JSON).
+  std::vector<std::vector<int>> tokens_per_expert;
 };
 
 // Weights are generated once (one prepared copy); for each T the runner is planned for T, every input

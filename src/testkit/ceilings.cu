@@ -2,23 +2,20 @@
 // than L2 so every byte comes from HBM.
 #include "testkit/ceilings.hpp"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "testkit/cublas_check.hpp"
 #include "testkit/cuda_handles.hpp"
 #include "testkit/device.hpp"
 #include "testkit/random_inputs.hpp"
-
-#define HMOE_CUBLAS_CHECK(call)                                                                       \
-  do {                                                                                                \
-    const cublasStatus_t hmoe_cublas_status_ = (call);                                                \
-    if (hmoe_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                                 \
-      throw ::hmoe::Error(std::string("hmoe: cuBLAS error ") + cublasGetStatusName(hmoe_cublas_status_) + \
-                          " in " #call " at " __FILE__ ":" + std::to_string(__LINE__));               \
-  } while (0)
 
 namespace hmoe::testkit {
 namespace {
@@ -120,6 +117,102 @@ double measure_bf16_gemm_tflop_per_s(cudaStream_t stream) {
   return flops / (ms * 1e9);
 }
 
+// Converts fp32 values to e4m3 (saturating; the inputs lie in (-1, 1), far from NaN patterns).
+__global__ void fp32_to_e4m3_kernel(const float* source, __nv_fp8_storage_t* destination, std::size_t count) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
+    destination[i] = __nv_cvt_float_to_fp8(source[i], __NV_SATFINITE, __NV_E4M3);
+}
+
+// cuBLASLt objects released on every path (an exception halfway must not leak them).
+template <class Handle, auto Destroy>
+using LtObject = std::unique_ptr<std::remove_pointer_t<Handle>, std::integral_constant<decltype(Destroy), Destroy>>;
+using LtHandle = LtObject<cublasLtHandle_t, &cublasLtDestroy>;
+using LtMatmulDesc = LtObject<cublasLtMatmulDesc_t, &cublasLtMatmulDescDestroy>;
+using LtLayout = LtObject<cublasLtMatrixLayout_t, &cublasLtMatrixLayoutDestroy>;
+using LtPreference = LtObject<cublasLtMatmulPreference_t, &cublasLtMatmulPreferenceDestroy>;
+
+LtLayout make_layout(cudaDataType_t type, std::uint64_t rows, std::uint64_t columns, std::int64_t leading_dimension) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  HMOE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, rows, columns, leading_dimension));
+  return LtLayout(layout);
+}
+
+template <class Value>
+void set_matmul_attribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, const Value& value) {
+  HMOE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof(value)));
+}
+
+double measure_fp8_gemm(cudaStream_t stream) {
+  constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
+  const std::size_t elements = static_cast<std::size_t>(kGemmSize) * kGemmSize;
+  DeviceBuffer a(elements);  // e4m3, one byte each
+  DeviceBuffer b(elements);
+  DeviceBuffer d(elements * sizeof(std::uint16_t));  // bf16
+  DeviceBuffer scales(2 * sizeof(float));             // A scale, B scale
+  DeviceBuffer workspace(kWorkspaceBytes);
+  {
+    // Random non-zero operands (as for bf16): draw fp32, convert.
+    DeviceBuffer staging(elements * sizeof(float));
+    const unsigned blocks = static_cast<unsigned>(current_device_info().sm_count) * 8;
+    for (int operand = 0; operand < 2; ++operand) {
+      fill_uniform_f32(staging.as<float>(), elements, 1.0f, 8192, 3 + operand, stream);
+      fp32_to_e4m3_kernel<<<blocks, 256, 0, stream>>>(staging.as<const float>(),
+                                                      (operand == 0 ? a : b).as<__nv_fp8_storage_t>(), elements);
+      HMOE_CUDA_CHECK(cudaGetLastError());
+    }
+    const std::vector<float> scale_values = {1.0f, 1.0f / kGemmSize};
+    copy_to_device(scales.get(), scale_values, stream);  // synchronises: staging may then go
+  }
+
+  cublasLtHandle_t raw_handle = nullptr;
+  HMOE_CUBLAS_CHECK(cublasLtCreate(&raw_handle));
+  const LtHandle handle(raw_handle);
+  cublasLtMatmulDesc_t raw_desc = nullptr;
+  HMOE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const LtMatmulDesc desc(raw_desc);
+  // NOTE: Hopper's FP8 GEMMs exist only for the "TN" layout (A transposed, column-major operands):
+  // both operands then run along K, the only arrangement cuBLASLt offers for e4m3.
+  set_matmul_attribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+  set_matmul_attribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+  const float* a_scale = scales.as<const float>();
+  const float* b_scale = scales.as<const float>() + 1;
+  set_matmul_attribute(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scale);
+  set_matmul_attribute(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale);
+  const std::int8_t fast_accumulation = 1;
+  set_matmul_attribute(desc.get(), CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accumulation);
+
+  // Column-major: A is K×M read transposed, B is K×N, C = D are M×N bf16.
+  const LtLayout a_layout = make_layout(CUDA_R_8F_E4M3, kGemmSize, kGemmSize, kGemmSize);
+  const LtLayout b_layout = make_layout(CUDA_R_8F_E4M3, kGemmSize, kGemmSize, kGemmSize);
+  const LtLayout d_layout = make_layout(CUDA_R_16BF, kGemmSize, kGemmSize, kGemmSize);
+
+  cublasLtMatmulPreference_t raw_preference = nullptr;
+  HMOE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_preference));
+  const LtPreference preference(raw_preference);
+  const std::size_t workspace_bytes = kWorkspaceBytes;
+  HMOE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                         &workspace_bytes, sizeof(workspace_bytes)));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  HMOE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle.get(), desc.get(), a_layout.get(), b_layout.get(),
+                                                   d_layout.get(), d_layout.get(), preference.get(), 1, &heuristic,
+                                                   &found));
+  if (found < 1 || heuristic.state != CUBLAS_STATUS_SUCCESS)
+    throw Error("hmoe: cuBLASLt offers no FP8 e4m3 GEMM algorithm for 8192^3 TN on this device");
+
+  const float alpha = 1.0f;
+  const float beta = 0.0f;
+  const double ms = median_ms(stream, [&] {
+    HMOE_CUBLAS_CHECK(cublasLtMatmul(handle.get(), desc.get(), &alpha, a.get(), a_layout.get(), b.get(),
+                                     b_layout.get(), &beta, d.get(), d_layout.get(), d.get(), d_layout.get(),
+                                     &heuristic.algo, workspace.get(), kWorkspaceBytes, stream));
+  });
+  HMOE_CUDA_CHECK(cudaStreamSynchronize(stream));  // before the buffers and objects go
+  const double flops = 2.0 * kGemmSize * static_cast<double>(kGemmSize) * kGemmSize;
+  return flops / (ms * 1e9);
+}
+
 Ceilings measure() {
   Stream stream;
   Ceilings ceilings;
@@ -134,6 +227,14 @@ Ceilings measure() {
 const Ceilings& measured_ceilings() {
   static const Ceilings ceilings = measure();
   return ceilings;
+}
+
+double measured_fp8_gemm_tflop_per_s() {
+  static const double tflop_per_s = [] {
+    Stream stream;
+    return measure_fp8_gemm(stream.get());
+  }();
+  return tflop_per_s;
 }
 
 }  // namespace hmoe::testkit

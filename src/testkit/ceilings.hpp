@@ -18,4 +18,10 @@ struct Ceilings {
 // Measured on the first call (a second or two), then cached for the process.
 const Ceilings& measured_ceilings();
 
+// Dense FP8 (e4m3) tensor-core throughput: cuBLASLt GEMM 8192³, TN layout, per-tensor A and B
+// scales, bf16 output, fp32 accumulation with cuBLASLt's fast-accumulation mode. Measured on the
+// first call, then cached. Kept apart from measured_ceilings(): only FP8 floors and
+// `hmoe bench --ceilings` need it, and bf16 benchmarks should not pay for it.
+double measured_fp8_gemm_tflop_per_s();
+
 }  // namespace hmoe::testkit

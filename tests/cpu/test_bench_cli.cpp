@@ -1,0 +1,190 @@
+// `hmoe bench` without a GPU: every malformed option is one line naming it, then the usage, exit 2;
+// --explain works for --spec and shows batch-invariant mode; the JSON/CSV renderings the scripts in
+// bench/ read parse and carry every field; the model layer table covers every preset.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "dispatch/json.hpp"
+#include "hmoe/hmoe.hpp"
+#include "testkit/bench_report.hpp"
+#include "testkit/device.hpp"
+#include "testkit/model_layers.hpp"
+
+namespace {
+
+struct CliResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+CliResult run_bench(const std::string& arguments) {
+  const std::string command = std::string("'") + HMOE_CLI_PATH + "' bench " + arguments + " 2>&1";
+  CliResult result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  std::size_t read = 0;
+  while ((read = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, read);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// One error line ("hmoe bench: ..." naming the problem), then the usage; exit 2.
+void expect_usage_error(const std::string& arguments, const std::string& message_part) {
+  const CliResult result = run_bench(arguments);
+  const std::string context = "hmoe bench " + arguments + "\n" + result.output;
+  EXPECT_EQ(result.exit_code, 2) << context;
+  const std::string first_line = result.output.substr(0, result.output.find('\n'));
+  EXPECT_EQ(first_line.rfind("hmoe bench: ", 0), 0u) << context;
+  EXPECT_TRUE(contains(first_line, message_part)) << context;
+  EXPECT_EQ(result.output.find("usage: hmoe bench"), first_line.size() + 1) << context;
+}
+
+TEST(BenchCli, HelpListsTheNewOptions) {
+  const CliResult result = run_bench("--help");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  for (const char* option : {"--spec", "--json", "--csv", "--peers", "--e2e", "--ceilings", "--batch-invariant",
+                             "--explain", "--routing", "--tokens", "--dtype"})
+    EXPECT_TRUE(contains(result.output, option)) << option << "\n" << result.output;
+}
+
+TEST(BenchCli, LayerSelection) {
+  expect_usage_error("--model gpt-17", "gpt-17");
+  expect_usage_error("--tokens 1", "--model");
+  expect_usage_error("--model qwen3-30b-a3b --spec 8,2,4096,14336", "--spec");
+}
+
+TEST(BenchCli, MalformedSpecs) {
+  for (const std::string spec : {"8,2,4096", "8,2,4096,14336,1", "8,2,x,14336", "8,,4096,14336", "8,2,4096,14336,",
+                                 "0,2,4096,14336", "8,-2,4096,14336"})
+    expect_usage_error("--spec '" + spec + "'", "--spec");
+  expect_usage_error("--spec 8,2,100,128", "hidden");       // not a multiple of 64
+  expect_usage_error("--spec 8,9,4096,14336", "top_k");     // k > E
+}
+
+TEST(BenchCli, MalformedTokenListsAndNonPositiveCounts) {
+  for (const std::string tokens : {"1,,2", "1,x", "1,", "abc", "4.5", "0", "8,0", "-4"})
+    expect_usage_error("--model qwen3-30b-a3b --tokens '" + tokens + "'", "--tokens");
+  expect_usage_error("--spec 8,2,4096,14336 --tokens 0", "--tokens");
+}
+
+TEST(BenchCli, BadOptionValuesAndCombinations) {
+  expect_usage_error("--model qwen3-30b-a3b --routing heavy", "--routing");
+  expect_usage_error("--model qwen3-30b-a3b --peers torch", "--peers");
+  expect_usage_error("--model qwen3-30b-a3b --dtype fp8-block", "not implemented");
+  expect_usage_error("--model qwen3-30b-a3b --dtype fp16", "--dtype");
+  expect_usage_error("--spec 8,2,4096,14336 --e2e", "--e2e");
+  expect_usage_error("--model qwen3-30b-a3b --explain --json out.json", "--json");
+  expect_usage_error("--model qwen3-30b-a3b --host-overhead --csv out.csv", "--csv");
+  expect_usage_error("--model qwen3-30b-a3b --explain --e2e", "--e2e");
+  expect_usage_error("--model qwen3-30b-a3b --explain --ceilings", "exclude");
+  expect_usage_error("--ceilings --model qwen3-30b-a3b", "--model");
+  expect_usage_error("--ceilings --peers cublas", "--peers");
+  expect_usage_error("--model qwen3-30b-a3b --batch-invariant --orientation swap", "--batch-invariant");
+  expect_usage_error("--model qwen3-30b-a3b --json", "--json needs a value");
+}
+
+TEST(BenchCli, ExplainWorksForSpecsAndShowsBatchInvariance) {
+  CliResult result = run_bench("--spec 8,2,4096,14336 --tokens 1,4096 --explain");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "spec-E8-k2-H4096-I14336")) << result.output;
+  EXPECT_TRUE(contains(result.output, "batch-invariant off")) << result.output;
+
+  result = run_bench("--model qwen3-30b-a3b --tokens 1,4096 --batch-invariant --explain");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "batch-invariant on")) << result.output;
+  // Both token counts run the one fixed plan, and say who chose it.
+  std::size_t rows = 0;
+  for (std::size_t at = result.output.find("batch-invariant\n"); at != std::string::npos;
+       at = result.output.find("batch-invariant\n", at + 1))
+    ++rows;
+  EXPECT_EQ(rows, 2u) << result.output;
+}
+
+TEST(BenchCli, TimedModesSayWhenThereIsNoHopperGpu) {
+  if (hmoe::testkit::hopper_gpu_available(nullptr)) GTEST_SKIP() << "a Hopper GPU is present: nothing to refuse";
+  for (const std::string arguments : {"--ceilings", "--model qwen3-30b-a3b --peers cublas --e2e --json /tmp/unused.json",
+                                      "--spec 8,2,4096,14336 --csv /tmp/unused.csv"}) {
+    const CliResult result = run_bench(arguments);
+    EXPECT_EQ(result.exit_code, 1) << arguments << "\n" << result.output;
+    EXPECT_TRUE(contains(result.output, "no Hopper GPU")) << arguments << "\n" << result.output;
+  }
+}
+
+TEST(BenchModelLayers, EveryPresetHasALayerCount) {
+  for (const std::string& name : hmoe::preset_names()) EXPECT_TRUE(hmoe::testkit::moe_layers(name).has_value()) << name;
+  EXPECT_EQ(hmoe::testkit::moe_layers("mixtral-8x7b"), 32);
+  EXPECT_EQ(hmoe::testkit::moe_layers("qwen3-30b-a3b"), 48);
+  EXPECT_EQ(hmoe::testkit::moe_layers("qwen3-235b-a22b-tp4"), 94);
+  EXPECT_EQ(hmoe::testkit::moe_layers("deepseek-v3-tp8"), 58);
+  EXPECT_EQ(hmoe::testkit::moe_layers("olmoe-1b-7b"), 16);
+  EXPECT_FALSE(hmoe::testkit::moe_layers("gpt-17").has_value());
+}
+
+hmoe::testkit::BenchReport sample_report() {
+  hmoe::testkit::BenchReport report;
+  report.command = "hmoe bench --model qwen3-30b-a3b --tokens 1 --peers cublas";
+  report.device = "NVIDIA H200 (132 SMs, \"quoted\")";
+  report.cuda_runtime_version = 13000;
+  report.date_utc = "2026-12-02T00:00:00Z";
+  report.ceilings = hmoe::testkit::ReportCeilings{4200.0, 4300.0, 4300.0, 800.0, std::nullopt};
+  hmoe::testkit::ReportLayer layer;
+  layer.name = "qwen3-30b-a3b";
+  layer.spec = hmoe::preset("qwen3-30b-a3b");
+  layer.routing = "uniform";
+  layer.orientation = "auto";
+  layer.input_sets = 2;
+  layer.moe_layers = 48;
+  report.layer = layer;
+  hmoe::testkit::ReportRow hmoe_row;
+  hmoe_row.impl = "hmoe";
+  hmoe_row.num_tokens = 1;
+  hmoe_row.median_us = 40.0;
+  hmoe_row.floor_us = 17.0;
+  hmoe_row.variant = "swap 64x8";
+  hmoe_row.variant_source = "tuned:E=128,N=768.json";
+  hmoe_row.tokens_per_expert = {{1, 0, 2}, {0, 3, 0}};
+  hmoe::testkit::ReportRow peer_row;
+  peer_row.impl = "cublas-loop";
+  peer_row.num_tokens = 1;
+  peer_row.median_us = 80.0;
+  peer_row.hmoe_over_peer = 0.5;
+  report.rows = {hmoe_row, peer_row};
+  return report;
+}
+
+TEST(BenchReport, JsonParsesAndCarriesTheRows) {
+  const hmoe::dispatch::JsonValue json = hmoe::dispatch::parse_json(hmoe::testkit::to_json(sample_report()));
+  ASSERT_TRUE(json.is_object());
+  EXPECT_EQ(json.find("schema")->string, "hmoe-bench/1");
+  EXPECT_EQ(json.find("device")->string, "NVIDIA H200 (132 SMs, \"quoted\")");
+  EXPECT_EQ(json.find("ceilings")->find("bf16_gemm_tflop_per_s")->number, 800.0);
+  EXPECT_EQ(json.find("ceilings")->find("fp8_gemm_tflop_per_s")->kind, hmoe::dispatch::JsonValue::Kind::kNull);
+  EXPECT_EQ(json.find("layer")->find("moe_layers")->number, 48.0);
+  EXPECT_EQ(json.find("layer")->find("E")->number, 128.0);
+  const hmoe::dispatch::JsonValue& rows = *json.find("rows");
+  ASSERT_EQ(rows.items.size(), 2u);
+  EXPECT_EQ(rows.items[0].find("impl")->string, "hmoe");
+  EXPECT_EQ(rows.items[0].find("median_us")->number, 40.0);
+  EXPECT_EQ(rows.items[0].find("tokens_per_expert")->items.size(), 2u);
+  EXPECT_EQ(rows.items[0].find("tokens_per_expert")->items[1].items[1].number, 3.0);
+  EXPECT_EQ(rows.items[0].find("hmoe_over_peer")->kind, hmoe::dispatch::JsonValue::Kind::kNull);
+  EXPECT_EQ(rows.items[1].find("hmoe_over_peer")->number, 0.5);
+}
+
+TEST(BenchReport, CsvHasOneLinePerRowAndQuotesCommas) {
+  const std::string csv = hmoe::testkit::to_csv(sample_report());
+  EXPECT_EQ(csv.rfind("impl,T,median_us,", 0), 0u) << csv;
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 3) << csv;
+  EXPECT_TRUE(contains(csv, "\"tuned:E=128,N=768.json\"")) << csv;
+  EXPECT_TRUE(contains(csv, "cublas-loop,1,80,")) << csv;
+}
+
+}  // namespace

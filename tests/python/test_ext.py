@@ -1,0 +1,247 @@
+"""The extension on any machine (no GPU, no PyTorch needed): it imports, and every validation error
+of the C++ API and of the binding surfaces as a Python exception carrying the C++ message. Arrays are
+fake DLPack arrays (fake_dlpack.py) or NumPy; every call here fails before anything is launched."""
+
+import importlib
+
+import pytest
+
+import hmoe
+from fake_dlpack import KDL_CPU, FakeArray, FakeHeap
+
+QWEN = dict(num_experts=128, top_k=8, hidden=2048, intermediate=768)
+
+
+def raises_cpp(message, call, *args, **kwargs):
+    """call(...) raises hmoe.InvalidArgumentError whose text is exactly `message` (the C++ text)."""
+    with pytest.raises(hmoe.InvalidArgumentError) as caught:
+        call(*args, **kwargs)
+    assert str(caught.value) == message
+    return caught.value
+
+
+def test_import_and_metadata():
+    assert hmoe.__version__ == hmoe.version() == "0.1.0"
+    assert set(hmoe.preset_names()) == {"mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b-tp4", "deepseek-v3-tp8",
+                                        "olmoe-1b-7b"}
+    kernels = hmoe.compiled_kernels()
+    assert any("swap" in name for name in kernels) and any("normal" in name for name in kernels)
+
+
+def test_exception_hierarchy():
+    assert issubclass(hmoe.InvalidArgumentError, hmoe.Error)
+    assert issubclass(hmoe.InvalidArgumentError, ValueError)
+    assert issubclass(hmoe.CudaError, hmoe.Error)
+    assert issubclass(hmoe.CudaError, RuntimeError)
+
+
+def test_presets_round_trip():
+    spec = hmoe.preset("deepseek-v3-tp8")
+    assert (spec.num_experts, spec.top_k, spec.hidden, spec.intermediate) == (256, 8, 7168, 256)
+    assert (spec.routing, spec.num_groups, spec.topk_groups) == ("grouped", 8, 4)
+    assert spec.routed_scaling_factor == pytest.approx(2.5)
+    spec.validate()
+    assert "num_experts=256" in repr(spec)
+    raises_cpp("hmoe: unknown preset 'nope': expected one of mixtral-8x7b, qwen3-30b-a3b, qwen3-235b-a22b-tp4, "
+               "deepseek-v3-tp8, olmoe-1b-7b", hmoe.preset, "nope")
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(num_experts=0), "hmoe: invalid MoeSpec.num_experts = 0: expected 1..1024"),
+    (dict(num_experts=2000), "hmoe: invalid MoeSpec.num_experts = 2000: expected 1..1024"),
+    (dict(top_k=0), "hmoe: invalid MoeSpec.top_k = 0: expected 1..min(num_experts=128, 32)"),
+    (dict(top_k=33), "hmoe: invalid MoeSpec.top_k = 33: expected 1..min(num_experts=128, 32)"),
+    (dict(hidden=100), "hmoe: invalid MoeSpec.hidden = 100: expected a multiple of 64 in 64..65536"),
+    (dict(intermediate=70000), "hmoe: invalid MoeSpec.intermediate = 70000: expected a multiple of 64 in 64..65536"),
+    (dict(scheme="fp8-block"), "hmoe: invalid MoeSpec.scheme = 3: expected QuantScheme::kNone for bf16 weights"),
+    (dict(weight_dtype="fp8-e4m3"), "hmoe: invalid MoeSpec.scheme = 0: expected an FP8 scheme for fp8 weights"),
+    (dict(weight_dtype="fp8-e4m3", scheme="fp8-block"),
+     "hmoe: MoeSpec.weight_dtype = fp8: FP8 layers are not implemented yet (bf16 only)"),
+    (dict(routing="grouped", num_groups=3),
+     "hmoe: invalid MoeSpec.routing.num_groups = 3: expected a divisor of num_experts=128 in 1..32"),
+    (dict(routing="grouped", num_groups=8, topk_groups=9),
+     "hmoe: invalid MoeSpec.routing.topk_groups = 9: expected 1..num_groups=8"),
+    (dict(routing="grouped", num_groups=8, topk_groups=4, routed_scaling_factor=0.0),
+     "hmoe: invalid MoeSpec.routing.routed_scaling_factor = 0: expected a finite value > 0"),
+])
+def test_spec_validation_messages(changes, message):
+    spec = hmoe.Spec(**{**QWEN, **changes})
+    raises_cpp(message, spec.validate)
+    # Every entry point validates the spec the same way, before touching a device.
+    raises_cpp(message, hmoe.Runner, spec, 16)
+    raises_cpp(message, hmoe.prepared_weight_bytes, spec)
+
+
+@pytest.mark.parametrize("field, value, names", [
+    ("routing", "sigmoid", "'softmax', 'grouped'"),
+    ("logits_dtype", "float16", "'float32', 'bfloat16'"),
+    ("weight_dtype", "int4", "'bf16', 'fp8-e4m3'"),
+    ("scheme", "fp4", "'none', 'fp8-tensor', 'fp8-channel', 'fp8-block'"),
+])
+def test_unknown_enum_names(field, value, names):
+    raises_cpp(f"hmoe: invalid Spec.{field} = '{value}': expected one of {names}", hmoe.Spec, **QWEN, **{field: value})
+    spec = hmoe.Spec(**QWEN)
+    raises_cpp(f"hmoe: invalid Spec.{field} = '{value}': expected one of {names}", setattr, spec, field, value)
+
+
+def test_runner_plan_options():
+    spec = hmoe.Spec(**QWEN)
+    raises_cpp("hmoe: invalid PlanOptions.max_tokens = 0: expected 1..1048576", hmoe.Runner, spec, 0)
+    raises_cpp("hmoe: invalid PlanOptions.max_tokens = 2000000: expected 1..1048576", hmoe.Runner, spec, 2000000)
+    raises_cpp("hmoe: invalid Spec.orientation = 'sideways': expected one of 'auto', 'normal', 'swap'", hmoe.Runner,
+               spec, 16, orientation="sideways")
+    invariant = hmoe.Spec(**QWEN, batch_invariant=True)
+    raises_cpp("hmoe: invalid PlanOptions.orientation = swap with MoeSpec.batch_invariant: expected auto or normal "
+               "(batch-invariant mode always runs the normal orientation)", hmoe.Runner, invariant, 16,
+               orientation="swap")
+    with pytest.raises(hmoe.InvalidArgumentError, match=r"^hmoe: .*max_workspace_bytes"):
+        hmoe.Runner(spec, 16, max_workspace_bytes=1)
+
+
+def test_runner_plans_on_the_host():
+    runner = hmoe.Runner(hmoe.Spec(**QWEN), 64)
+    assert runner.workspace_bytes > 64 * 8 * (2048 + 768) * 2
+    assert runner.chunk_tokens == 64
+    plan = runner.plan_info(1)
+    assert plan["orientation"] in ("normal", "swap") and plan["gemm1_kernel"] in hmoe.compiled_kernels()
+    assert runner.spec.top_k == 8
+
+
+def test_prepared_weight_bytes():
+    w13_bytes, w2_bytes = hmoe.prepared_weight_bytes(hmoe.Spec(**QWEN))
+    assert w13_bytes == 128 * 2 * 768 * 2048 * 2
+    assert w2_bytes == 128 * 2048 * 768 * 2
+
+
+# ---- Run arguments: checked by the binding (what a raw pointer cannot show), then by MoeRunner ----
+
+class Layer:
+    """A runner for E=8, k=2, H=256, I=128 and fake device arrays for one run of T tokens."""
+
+    def __init__(self, tokens=4, max_tokens=16):
+        self.spec = hmoe.Spec(8, 2, 256, 128)
+        self.runner = hmoe.Runner(self.spec, max_tokens)
+        heap = FakeHeap()
+        w13_bytes, w2_bytes = hmoe.prepared_weight_bytes(self.spec)
+        self.args = dict(
+            x=heap.array((tokens, 256)),
+            out=heap.array((tokens, 256)),
+            w13=heap.array((w13_bytes,), "uint8"),
+            w2=heap.array((w2_bytes,), "uint8"),
+            topk_ids=heap.array((tokens, 2), "int32"),
+            topk_weights=heap.array((tokens, 2), "float32"),
+            workspace=heap.array((self.runner.workspace_bytes,), "uint8"),
+            stream=0,
+        )
+        self.heap = heap
+
+    def run_topk(self, **changes):
+        self.runner.run_from_topk(**{**self.args, **changes})
+
+    def run_logits(self, logits, **changes):
+        args = {**self.args, **changes}
+        del args["topk_ids"], args["topk_weights"]
+        self.runner.run_from_logits(router_logits=logits, **args)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: dict(x=FakeArray((4, 256), device_type=KDL_CPU)),
+     "hmoe: x is on DLPack device type 1: expected a CUDA device array"),
+    (lambda a: dict(x=FakeArray((4, 256), device_id=1)),
+     "hmoe: x is on cuda:1: expected cuda:0 like the other arrays of the call"),
+    (lambda a: dict(x=FakeArray((4, 256), "float32")), "hmoe: x has dtype float32: expected bfloat16"),
+    (lambda a: dict(x=FakeArray((4, 512))), "hmoe: x has shape [4, 512]: expected [T, hidden=256]"),
+    (lambda a: dict(x=FakeArray((4, 256), strides=(1, 4))),
+     "hmoe: x of shape [4, 256] is not contiguous: expected a row-major contiguous array"),
+    (lambda a: dict(out=FakeArray((5, 256))), "hmoe: out has shape [5, 256]: expected [4, 256]"),
+    (lambda a: dict(w13=FakeArray((1000,), "uint8")), "hmoe: w13 holds 1000 bytes: expected at least 1048576"),
+    (lambda a: dict(w2=FakeArray((10,), "uint8")), "hmoe: w2 holds 10 bytes: expected at least 524288"),
+    (lambda a: dict(topk_ids=FakeArray((4, 2), "float32")), "hmoe: topk_ids has dtype float32: expected int32"),
+    (lambda a: dict(topk_ids=FakeArray((4, 3), "int32")), "hmoe: topk_ids has shape [4, 3]: expected [4, 2]"),
+    (lambda a: dict(topk_weights=FakeArray((4, 2), "bfloat16")),
+     "hmoe: topk_weights has dtype bfloat16: expected float32"),
+    (lambda a: dict(workspace=FakeArray((100,), "uint8", device_type=KDL_CPU)),
+     "hmoe: workspace is on DLPack device type 1: expected a CUDA device array"),
+])
+def test_binding_checks_arrays(change, message):
+    layer = Layer()
+    raises_cpp(message, layer.run_topk, **change(layer.args))
+
+
+def test_runner_checks_run_args():
+    layer = Layer()
+    heap = layer.heap
+    raises_cpp("hmoe: RunArgs.num_tokens = 17: expected 0..max_tokens=16", layer.run_topk,
+               x=heap.array((17, 256)), out=heap.array((17, 256)), topk_ids=heap.array((17, 2), "int32"),
+               topk_weights=heap.array((17, 2), "float32"))
+    raises_cpp(f"hmoe: RunArgs.x = {hex(0x7F0000000002)} is not 16-byte aligned", layer.run_topk,
+               x=FakeArray((4, 256), address=0x7F0000000002))
+    raises_cpp("hmoe: RunArgs.out is null: expected a device pointer", layer.run_topk,
+               out=FakeArray((4, 256), address=0))
+    workspace_bytes = layer.runner.workspace_bytes
+    small = heap.array((workspace_bytes - 256,), "uint8")
+    raises_cpp(f"hmoe: RunArgs.workspace_size = {workspace_bytes - 256}: expected at least {workspace_bytes} "
+               "(MoeRunner::workspace_bytes())", layer.run_topk, workspace=small)
+    raises_cpp(f"hmoe: RunArgs.workspace = {hex(0x7F0000000080)} is not 256-byte aligned", layer.run_topk,
+               workspace=FakeArray((workspace_bytes,), "uint8", address=0x7F0000000080))
+    shared = layer.args["workspace"]
+    with pytest.raises(hmoe.InvalidArgumentError, match=r"^hmoe: RunArgs.workspace = 0x[0-9a-f]+ \(\d+ bytes\) "
+                                                         r"overlaps RunArgs.out"):
+        layer.run_topk(out=FakeArray((4, 256), address=shared.address))
+    raises_cpp("hmoe: topk_ids = " + hex(0x7F0000000002) + " is not 4-byte aligned", layer.run_topk,
+               topk_ids=FakeArray((4, 2), "int32", address=0x7F0000000002))
+
+
+def test_runner_checks_logits_and_bias():
+    layer = Layer()
+    heap = layer.heap
+    raises_cpp("hmoe: router_logits has dtype bfloat16: expected float32", layer.run_logits,
+               heap.array((4, 8), "bfloat16"))
+    raises_cpp("hmoe: router_logits has shape [4, 9]: expected [4, 8]", layer.run_logits, heap.array((4, 9), "float32"))
+    raises_cpp("hmoe: correction_bias has shape [7]: expected [8]", layer.run_logits, heap.array((4, 8), "float32"),
+               correction_bias=heap.array((7,), "float32"))
+    raises_cpp("hmoe: invalid_id_count has dtype float32: expected int32", layer.run_logits,
+               heap.array((4, 8), "float32"), invalid_id_count=heap.array((1,), "float32"))
+    with pytest.raises(hmoe.InvalidArgumentError, match=r"^hmoe: RunArgs.out = 0x[0-9a-f]+ \(2048 bytes\) overlaps "
+                                                         r"router_logits"):
+        logits = heap.array((4, 8), "float32")
+        layer.run_logits(logits, out=FakeArray((4, 256), address=logits.address))
+
+
+def test_numpy_arrays_are_rejected_as_host_memory():
+    np = pytest.importorskip("numpy")
+    layer = Layer()
+    x = np.zeros((4, 256), dtype=np.float32)
+    raises_cpp("hmoe: x is on DLPack device type 1: expected a CUDA device array", layer.run_topk, x=x)
+    with pytest.raises(TypeError):
+        layer.run_topk(x="not an array")
+
+
+def test_prepare_weights_checks():
+    spec = hmoe.Spec(8, 2, 256, 128)
+    heap = FakeHeap()
+    w13, w2 = heap.array((8, 256, 256)), heap.array((8, 256, 128))
+    w13_out, w2_out = heap.array((8 * 256 * 256 * 2,), "uint8"), heap.array((8 * 256 * 128 * 2,), "uint8")
+    raises_cpp("hmoe: w13 has shape [8, 256, 256]: expected [8, 256, 128]", hmoe.prepare_weights,
+               hmoe.Spec(8, 2, 128, 128), w13, w2, w13_out, w2_out, 0)
+    raises_cpp("hmoe: w2 has shape [8, 128, 256]: expected [8, 256, 128]", hmoe.prepare_weights, spec, w13,
+               heap.array((8, 128, 256)), w13_out, w2_out, 0)
+    raises_cpp("hmoe: w13 has dtype float32: expected bfloat16", hmoe.prepare_weights, spec,
+               heap.array((8, 256, 256), "float32"), w2, w13_out, w2_out, 0)
+    raises_cpp("hmoe: w13_out holds 16 bytes: expected at least 1048576", hmoe.prepare_weights, spec, w13, w2,
+               heap.array((16,), "uint8"), w2_out, 0)
+    raises_cpp("hmoe: invalid MoeSpec.hidden = 250: expected a multiple of 64 in 64..65536", hmoe.prepare_weights,
+               hmoe.Spec(8, 2, 250, 128), w13, w2, w13_out, w2_out, 0)
+    raises_cpp("hmoe: prepare_weights: w13_dst must not alias w13_src (rows are regrouped)", hmoe.prepare_weights,
+               spec, w13, w2, FakeArray((8 * 256 * 256 * 2,), "uint8", address=w13.address), w2_out, 0)
+
+
+def test_torch_module_needs_torch():
+    try:
+        import torch
+    except ImportError:
+        with pytest.raises(ImportError):
+            importlib.import_module("hmoe.torch")
+        pytest.skip("PyTorch is not installed: hmoe.torch is tested by test_torch.py where it is")
+    importlib.import_module("hmoe.torch")  # registers the ops
+    assert hasattr(torch.ops.hmoe, "fused_experts") and hasattr(torch.ops.hmoe, "fused_moe")
