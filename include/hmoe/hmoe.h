@@ -26,7 +26,14 @@ typedef struct hmoe_spec {
   int routing_function, renormalize, num_groups, topk_groups;
   float routed_scaling_factor;
   int logits_dtype;
+  int batch_invariant;           /* nonzero: a token's output bits do not depend on the batch */
 } hmoe_spec;
+
+typedef struct hmoe_plan_options {
+  int max_tokens;                /* largest T any run will pass */
+  int orientation;               /* 0 auto, 1 normal, 2 swap-AB */
+  size_t max_workspace_bytes;    /* 0: no cap; else runs are split into chunks that fit */
+} hmoe_plan_options;
 
 typedef struct hmoe_run_args {
   int num_tokens;
@@ -51,6 +58,8 @@ hmoe_status hmoe_prepare_weights(const hmoe_spec* spec, const void* w13_src, con
                                  void* w2_dst, void* stream);
 
 hmoe_status hmoe_runner_create(const hmoe_spec* spec, int max_tokens, int orientation, hmoe_runner** runner);
+hmoe_status hmoe_runner_create_with_options(const hmoe_spec* spec, const hmoe_plan_options* options,
+                                            hmoe_runner** runner);
 void hmoe_runner_destroy(hmoe_runner* runner);
 hmoe_status hmoe_runner_workspace_bytes(const hmoe_runner* runner, size_t* bytes);
 hmoe_status hmoe_run_from_logits(const hmoe_runner* runner, const hmoe_run_args* args, const void* router_logits,

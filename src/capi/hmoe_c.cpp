@@ -37,6 +37,7 @@ hmoe::MoeSpec to_cpp(const hmoe_spec& spec) {
   out.routing.topk_groups = spec.topk_groups;
   out.routing.routed_scaling_factor = spec.routed_scaling_factor;
   out.routing.logits_dtype = checked_enum<hmoe::LogitsDType>(spec.logits_dtype, 2, "logits_dtype");
+  out.batch_invariant = spec.batch_invariant != 0;
   return out;
 }
 
@@ -54,6 +55,7 @@ hmoe_spec to_c(const hmoe::MoeSpec& spec) {
   out.topk_groups = spec.routing.topk_groups;
   out.routed_scaling_factor = spec.routing.routed_scaling_factor;
   out.logits_dtype = static_cast<int>(spec.routing.logits_dtype);
+  out.batch_invariant = spec.batch_invariant ? 1 : 0;
   return out;
 }
 
@@ -125,18 +127,27 @@ hmoe_status hmoe_prepare_weights(const hmoe_spec* spec, const void* w13_src, con
   });
 }
 
-hmoe_status hmoe_runner_create(const hmoe_spec* spec, int max_tokens, int orientation, hmoe_runner** runner) {
+hmoe_status hmoe_runner_create_with_options(const hmoe_spec* spec, const hmoe_plan_options* options,
+                                            hmoe_runner** runner) {
   return guarded([&] {
     require(spec, "spec");
+    require(options, "options");
     require(runner, "runner");
     *runner = nullptr;
-    hmoe::PlanOptions options;
-    options.max_tokens = max_tokens;
-    if (orientation < 0 || orientation > 2)
-      throw hmoe::Error("hmoe: invalid orientation = " + std::to_string(orientation) + ": expected 0..2");
-    options.orientation = static_cast<hmoe::Orientation>(orientation);
-    *runner = new hmoe_runner{hmoe::MoeRunner(to_cpp(*spec), options)};
+    hmoe::PlanOptions cpp;
+    cpp.max_tokens = options->max_tokens;
+    if (options->orientation < 0 || options->orientation > 2)
+      throw hmoe::Error("hmoe: invalid hmoe_plan_options.orientation = " + std::to_string(options->orientation) +
+                        ": expected 0 (auto), 1 (normal) or 2 (swap)");
+    cpp.orientation = static_cast<hmoe::Orientation>(options->orientation);
+    cpp.max_workspace_bytes = options->max_workspace_bytes;
+    *runner = new hmoe_runner{hmoe::MoeRunner(to_cpp(*spec), cpp)};
   });
+}
+
+hmoe_status hmoe_runner_create(const hmoe_spec* spec, int max_tokens, int orientation, hmoe_runner** runner) {
+  const hmoe_plan_options options{max_tokens, orientation, 0};
+  return hmoe_runner_create_with_options(spec, &options, runner);
 }
 
 void hmoe_runner_destroy(hmoe_runner* runner) { delete runner; }

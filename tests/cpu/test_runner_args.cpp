@@ -150,3 +150,41 @@ TEST(CApi, RunnerRoundTripAndZeroTokens) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CApi, PlanOptionsCapTheWorkspaceAndCarryBatchInvariance) {
+  hmoe_spec spec{};
+  ASSERT_EQ(hmoe_spec_preset("deepseek-v3-tp8", &spec), HMOE_OK);
+  EXPECT_EQ(spec.batch_invariant, 0);
+  hmoe_runner* uncapped = nullptr;
+  ASSERT_EQ(hmoe_runner_create(&spec, 65536, 0, &uncapped), HMOE_OK) << hmoe_last_error();
+  size_t uncapped_bytes = 0;
+  ASSERT_EQ(hmoe_runner_workspace_bytes(uncapped, &uncapped_bytes), HMOE_OK);
+  hmoe_runner_destroy(uncapped);
+
+  const size_t cap = 256u << 20;
+  hmoe_plan_options options{65536, 0, cap};
+  spec.batch_invariant = 1;
+  hmoe_runner* capped = nullptr;
+  ASSERT_EQ(hmoe_runner_create_with_options(&spec, &options, &capped), HMOE_OK) << hmoe_last_error();
+  size_t capped_bytes = 0;
+  ASSERT_EQ(hmoe_runner_workspace_bytes(capped, &capped_bytes), HMOE_OK);
+  std::printf("deepseek-v3-tp8, T = 65536: workspace %zu bytes uncapped, %zu under a %zu-byte cap\n", uncapped_bytes,
+              capped_bytes, cap);
+  EXPECT_LE(capped_bytes, cap);
+  EXPECT_LT(capped_bytes, uncapped_bytes);
+  hmoe_runner_destroy(capped);
+
+  options.orientation = 2;   // batch-invariant mode runs the normal orientation only
+  EXPECT_EQ(hmoe_runner_create_with_options(&spec, &options, &capped), HMOE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hmoe_last_error()).find("batch_invariant"), std::string::npos) << hmoe_last_error();
+  options.orientation = 3;
+  EXPECT_EQ(hmoe_runner_create_with_options(&spec, &options, &capped), HMOE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hmoe_last_error()).find("hmoe_plan_options.orientation = 3"), std::string::npos)
+      << hmoe_last_error();
+  EXPECT_EQ(hmoe_runner_create_with_options(&spec, nullptr, &capped), HMOE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hmoe_last_error()).find("options is null"), std::string::npos) << hmoe_last_error();
+}
+
+}  // namespace
