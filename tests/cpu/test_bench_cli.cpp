@@ -2,7 +2,6 @@
 // --explain works for --spec and shows batch-invariant mode; the JSON/CSV renderings the scripts in
 // bench/ read parse and carry every field; the model layer table covers every preset.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -10,31 +9,17 @@
 
 #include "dispatch/json.hpp"
 #include "hmoe/hmoe.hpp"
+#include "run_command.hpp"
 #include "testkit/bench_report.hpp"
 #include "testkit/device.hpp"
 #include "testkit/model_layers.hpp"
 
 namespace {
 
-struct CliResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
+using hmoe::test::contains;
+using CliResult = hmoe::test::CommandResult;
 
-CliResult run_bench(const std::string& arguments) {
-  const std::string command = std::string("'") + HMOE_CLI_PATH + "' bench " + arguments + " 2>&1";
-  CliResult result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  std::size_t read = 0;
-  while ((read = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, read);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+CliResult run_bench(const std::string& arguments) { return hmoe::test::run_cli("bench " + arguments); }
 
 // One error line ("hmoe bench: ..." naming the problem), then the usage; exit 2.
 void expect_usage_error(const std::string& arguments, const std::string& message_part) {

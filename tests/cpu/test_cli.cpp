@@ -1,36 +1,20 @@
 // Runs the built `hmoe` binary with good and bad command lines: exit statuses (0 ok, 1 cannot run
 // here, 2 bad usage) and messages that name what was wrong.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "hmoe/hmoe.hpp"
+#include "run_command.hpp"
 #include "testkit/device.hpp"
 
 namespace {
 
-struct CliResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-CliResult run_cli(const std::string& arguments) {
-  const std::string command = std::string("'") + HMOE_CLI_PATH + "' " + arguments + " 2>&1";
-  CliResult result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  std::size_t read = 0;
-  while ((read = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, read);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using hmoe::test::contains;
+using hmoe::test::run_cli;
+using CliResult = hmoe::test::CommandResult;
 
 void expect_usage_error(const std::string& arguments, const std::string& message_part) {
   const CliResult result = run_cli(arguments);

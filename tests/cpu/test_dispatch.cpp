@@ -3,7 +3,6 @@
 // rejected (with one warning) as docs/DISPATCH.md says, and the CLI exposes it all.
 #include <gtest/gtest.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -20,6 +19,7 @@
 #include "dispatch/registry.hpp"
 #include "dispatch/tuned_table.hpp"
 #include "hmoe/hmoe.hpp"
+#include "run_command.hpp"
 #include "testkit/device.hpp"
 
 namespace hmoe::dispatch {
@@ -30,15 +30,9 @@ namespace fs = std::filesystem;
 constexpr const char* kDevice = "NVIDIA H200";
 
 std::string run_command(const std::string& command, int* exit_code) {
-  std::string output;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return output;
-  char buffer[4096];
-  std::size_t read = 0;
-  while ((read = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, read);
-  const int status = pclose(pipe);
-  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return output;
+  const hmoe::test::CommandResult result = hmoe::test::run_command(command);
+  *exit_code = result.exit_code;
+  return result.output;
 }
 
 std::string cli(const std::string& arguments, int* exit_code) {
