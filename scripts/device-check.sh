@@ -2,6 +2,9 @@
 # Everything hmoe checks on the H200 in one go: build (unless a carried build/ runs here), every GPU
 # test, `hmoe check` over the presets, SASS checks, a short benchmark; a compact table last.
 # Usage: scripts/device-check.sh [--full-bench]   (full logs go to $OUT when set)
+# Environment (to split the work over device calls): HMOE_GTEST_FILTER (default: every GPU test),
+# HMOE_CHECK_DTYPES (default "bf16 fp8-tensor fp8-channel fp8-block"), HMOE_BENCH_DTYPES (default
+# "bf16 fp8-block"), HMOE_SKIP (space-separated: tests check bench).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -26,38 +29,56 @@ else
   note "build      | carried build/ runs here"
 fi
 
-# ---- GPU tests (CTest files hold this machine's paths only when built here: run the binary).
-timeout 420 "$bin/hmoe_gpu_tests" --gtest_color=no >"$out/gpu_tests.log" 2>&1
-rc=$?
-note "gpu tests  | $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]' "$out/gpu_tests.log" | tr '\n' ' ') (exit $rc)"
-grep -E '^\[  FAILED  \]' "$out/gpu_tests.log" | head -20
+skip=" ${HMOE_SKIP:-} "
+check_dtypes=${HMOE_CHECK_DTYPES:-"bf16 fp8-tensor fp8-channel fp8-block"}
+bench_dtypes=${HMOE_BENCH_DTYPES:-"bf16 fp8-block"}
 
-# ---- hmoe check: every preset at the acceptance token counts, plus skewed and extreme routing.
+# ---- GPU tests (CTest files hold this machine's paths only when built here: run the binary).
+if [[ $skip != *" tests "* ]]; then
+  timeout 480 "$bin/hmoe_gpu_tests" --gtest_color=no --gtest_filter="${HMOE_GTEST_FILTER:-*}" >"$out/gpu_tests.log" 2>&1
+  rc=$?
+  note "gpu tests  | filter ${HMOE_GTEST_FILTER:-*}: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]' "$out/gpu_tests.log" | tr '\n' ' ') (exit $rc)"
+  grep -E '^\[  FAILED  \]' "$out/gpu_tests.log" | head -20
+fi
+
+# ---- hmoe check: every preset at the acceptance token counts, plus skewed and extreme routing;
+# FP8 schemes at the same counts (the reference sample is smaller: two references per line).
 check_log="$out/check.log"
 : >"$check_log"
-for preset in qwen3-30b-a3b deepseek-v3-tp8 olmoe-1b-7b qwen3-235b-a22b-tp4 mixtral-8x7b; do
-  timeout 120 "$bin/hmoe" check --model "$preset" --tokens 1,7,64,1000,8192 >>"$check_log" 2>&1
-  timeout 60 "$bin/hmoe" check --model "$preset" --tokens 7,1000 --routing extreme >>"$check_log" 2>&1
-  timeout 60 "$bin/hmoe" check --model "$preset" --tokens 64 --routing zipf --entry topk >>"$check_log" 2>&1
-done
-passes=$(grep -c PASS "$check_log"); fails=$(grep -c FAIL "$check_log")
-worst=$(grep -oE 'rel[_ ]err[a-z]*[ =:]+[0-9.eE+-]+' "$check_log" | grep -oE '[0-9.]+[eE][+-]?[0-9]+|[0-9]+\.[0-9]+$' | sort -g | tail -1)
-note "hmoe check | $passes PASS, $fails FAIL, worst rel error ${worst:-?}"
-grep FAIL "$check_log" | head -10
+if [[ $skip != *" check "* ]]; then
+  for dtype in $check_dtypes; do
+    ref=256; [ "$dtype" != bf16 ] && ref=48
+    for preset in qwen3-30b-a3b deepseek-v3-tp8 olmoe-1b-7b qwen3-235b-a22b-tp4 mixtral-8x7b; do
+      timeout 150 "$bin/hmoe" check --model "$preset" --dtype "$dtype" --tokens 1,7,64,1000,8192 --ref-tokens $ref >>"$check_log" 2>&1
+      [ "$dtype" != bf16 ] && continue
+      timeout 60 "$bin/hmoe" check --model "$preset" --tokens 7,1000 --routing extreme >>"$check_log" 2>&1
+      timeout 60 "$bin/hmoe" check --model "$preset" --tokens 64 --routing zipf --entry topk >>"$check_log" 2>&1
+    done
+  done
+  passes=$(grep -c PASS "$check_log"); fails=$(grep -c FAIL "$check_log")
+  worst=$(grep -oE 'rel_err=[0-9.eE+-]+' "$check_log" | cut -d= -f2 | sort -g | tail -1)
+  note "hmoe check | $passes PASS, $fails FAIL, worst rel error ${worst:-?} (dtypes: $check_dtypes)"
+  grep -E 'FAIL|rror' "$check_log" | head -10
+fi
 
 # ---- SASS: wgmma present, no local-memory traffic in the GEMM kernels.
 if command -v cuobjdump >/dev/null; then
   cuobjdump --dump-sass "$bin/hmoe" >"$out/sass.txt" 2>/dev/null
-  note "sass       | HGMMA $(grep -c HGMMA "$out/sass.txt"), UTMALDG $(grep -c UTMALDG "$out/sass.txt"), LDL/STL $(grep -cE '\b(LDL|STL)\b' "$out/sass.txt")"
+  note "sass       | HGMMA $(grep -c HGMMA "$out/sass.txt"), QGMMA $(grep -c QGMMA "$out/sass.txt"), UTMALDG $(grep -c UTMALDG "$out/sass.txt"), LDL/STL $(grep -cE '\b(LDL|STL)\b' "$out/sass.txt")"
 fi
 
 # ---- Benchmark.
 if [ $full_bench = 1 ]; then tokens=1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192,16384; else tokens=1,16,256,4096; fi
-timeout 180 "$bin/hmoe" bench --model qwen3-30b-a3b --tokens "$tokens" >"$out/bench.log" 2>&1
-note "bench      | see table above (exit $?)"
+: >"$out/bench.log"
+if [[ $skip != *" bench "* ]]; then
+  for dtype in $bench_dtypes; do
+    timeout 180 "$bin/hmoe" bench --model qwen3-30b-a3b --dtype "$dtype" --tokens "$tokens" >>"$out/bench.log" 2>&1
+    note "bench $dtype | exit $? (table above)"
+  done
+fi
 
 echo
-cat "$out/bench.log"
+grep -vE '^(command|device|ceilings|fp8 ceiling|peer)' "$out/bench.log"
 echo
 echo "==== device-check summary ($(date -u +%FT%TZ)) ===="
 printf '%s\n' "${summary[@]}"

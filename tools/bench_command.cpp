@@ -33,7 +33,7 @@ constexpr const char* kHostOverheadSweep = "1,16,256,4096";
 constexpr int kHostOverheadCalls = 2000;
 
 constexpr const char* kBenchUsage =
-    "usage: hmoe bench (--model PRESET | --spec E,k,H,I) [--tokens T[,T...]] [--dtype bf16]\n"
+    "usage: hmoe bench (--model PRESET | --spec E,k,H,I) [--tokens T[,T...]] [--dtype DTYPE]\n"
     "                  [--routing uniform|zipf|extreme] [--orientation auto|normal|swap] [--seed N]\n"
     "                  [--batch-invariant] [--peers cublas] [--e2e] [--json FILE] [--csv FILE]\n"
     "                  [--explain | --host-overhead]\n"
@@ -41,7 +41,8 @@ constexpr const char* kBenchUsage =
     "  --model        a preset of DESIGN.md §3 (hmoe info lists them)\n"
     "  --spec         a layer given as E,k,H,I (softmax top-k routing, renormalised)\n"
     "  --tokens       token counts (default the DESIGN.md §3 sweep 1,2,4,...,16384)\n"
-    "  --dtype        weight/activation type (default bf16; FP8 is not implemented yet)\n"
+    "  --dtype        bf16 (default), fp8-tensor (per-tensor scales), fp8-channel (per-channel weights x\n"
+    "                 per-token activations), fp8-block (128x128 weight blocks x 1x128 activation groups)\n"
     "  --routing      expert load: uniform random (default), zipf popularity, or extreme (all to the same k)\n"
     "  --orientation  GEMM orientation the runner is planned with (default auto)\n"
     "  --seed         seed of weights and inputs (default 1)\n"
@@ -145,7 +146,7 @@ BenchCommand parse_bench(const ParsedOptions& parsed) {
   }
   command.options.token_counts = parse_token_list(
       parsed.get("--tokens", command.mode == BenchMode::kHostOverhead ? kHostOverheadSweep : kDefaultSweep));
-  require_bf16(parsed.get("--dtype", "bf16"));
+  apply_dtype(parsed.get("--dtype", "bf16"), command.spec);
   command.options.routing = parse_routing(parsed.get("--routing", "uniform"));
   command.options.orientation = parse_orientation(parsed.get("--orientation", "auto"));
   command.options.seed = parse_seed(parsed.get("--seed", "1"));
@@ -153,6 +154,8 @@ BenchCommand parse_bench(const ParsedOptions& parsed) {
   if (command.spec.batch_invariant && command.options.orientation == Orientation::kSwapAB)
     throw UsageError("--batch-invariant runs the normal orientation: --orientation must be auto or normal");
   command.cublas_peer = parse_peers(parsed.get("--peers", "none"));
+  if (command.cublas_peer && command.spec.weight_dtype != WeightDType::kBF16)
+    throw UsageError("--peers cublas times bf16 GEMMs: use --dtype bf16 (FP8 peers run from bench/peers.py)");
   command.e2e = parsed.flag("--e2e");
   if (command.e2e && !command.moe_layers)
     throw UsageError("--e2e needs --model PRESET (the model's MoE layer count); --spec describes one layer");
@@ -162,6 +165,10 @@ BenchCommand parse_bench(const ParsedOptions& parsed) {
     if (command.e2e) throw UsageError("--e2e applies to timed sweeps, not --explain or --host-overhead");
   }
   return command;
+}
+
+std::string dtype_name(const MoeSpec& spec) {
+  return spec.weight_dtype == WeightDType::kBF16 ? "bf16" : to_string(spec.scheme);
 }
 
 std::string command_line_of(const std::vector<std::string>& args) {
@@ -204,9 +211,17 @@ void print_header(const BenchCommand& command) {
               "bf16 GEMM 8192^3 %.1f TFLOP/s\n",
               ceilings.copy_gb_per_s, ceilings.read_gb_per_s, ceilings.bandwidth_gb_per_s(),
               ceilings.bf16_gemm_tflop_per_s);
-  std::printf("layer: %s bf16 E=%d k=%d H=%d I=%d %s; routing %s; orientation %s; batch-invariant %s; %d input sets; "
+  if (spec.weight_dtype == WeightDType::kFP8E4M3) {
+    try {
+      std::printf("fp8 ceiling: e4m3 GEMM 8192^3 (cuBLASLt, per-tensor scales) %.1f TFLOP/s: the FP8 floor's matrix peak\n",
+                  testkit::measured_fp8_gemm_tflop_per_s());
+    } catch (const Error& error) {
+      std::printf("fp8 ceiling: not measured (%s): the FP8 floor's matrix peak is 2 x the bf16 GEMM\n", error.what());
+    }
+  }
+  std::printf("layer: %s %s E=%d k=%d H=%d I=%d %s; routing %s; orientation %s; batch-invariant %s; %d input sets; "
               "CUDA graph replays\n",
-              command.layer_name.c_str(), spec.num_experts, spec.top_k, spec.hidden, spec.intermediate,
+              command.layer_name.c_str(), dtype_name(spec).c_str(), spec.num_experts, spec.top_k, spec.hidden, spec.intermediate,
               to_string(spec.routing.function).c_str(), testkit::to_string(command.options.routing).c_str(),
               to_string(command.options.orientation).c_str(), spec.batch_invariant ? "on" : "off",
               command.options.input_sets);
@@ -304,6 +319,7 @@ int sweep(const BenchCommand& command) {
   testkit::ReportLayer layer;
   layer.name = command.layer_name;
   layer.spec = command.spec;
+  layer.dtype = dtype_name(command.spec);
   layer.routing = testkit::to_string(command.options.routing);
   layer.orientation = to_string(command.options.orientation);
   layer.input_sets = command.options.input_sets;

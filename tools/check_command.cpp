@@ -12,17 +12,21 @@ namespace hmoe::cli {
 namespace {
 
 constexpr const char* kCheckUsage =
-    "usage: hmoe check --model PRESET [--tokens T[,T...]] [--dtype bf16] [--routing uniform|zipf|extreme]\n"
+    "usage: hmoe check --model PRESET [--tokens T[,T...]] [--dtype DTYPE] [--routing uniform|zipf|extreme]\n"
     "                  [--entry logits|topk] [--orientation auto|normal|swap] [--seed N] [--ref-tokens N]\n"
+    "                  [--static-scales] [--ue8m0]\n"
     "  --model        a preset of DESIGN.md §3 (hmoe info lists them)\n"
     "  --tokens       token counts to check, comma separated (default 1,7,64,1000)\n"
-    "  --dtype        weight/activation type (default bf16; FP8 is not implemented yet)\n"
+    "  --dtype        bf16 (default), fp8-tensor, fp8-channel or fp8-block (see hmoe bench --help)\n"
     "  --routing      expert load: uniform random, zipf popularity, or extreme (all to the same k)\n"
     "  --entry        run_from_logits (default) or run_from_topk with generated ids and weights\n"
     "  --orientation  GEMM orientation the runner is planned with (default auto)\n"
     "  --seed         seed of weights and inputs (default 1)\n"
     "  --ref-tokens   above this many tokens the reference checks a random sample of this many plus the\n"
     "                 first and last token (default 256); unwritten outputs are counted over all tokens\n"
+    "  --static-scales  fp8-tensor: static activation scales (vLLM a1_scale/a2_scale) instead of dynamic\n"
+    "  --ue8m0        FP8: power-of-two (UE8M0) scales for weights and activations\n"
+    "FP8 lines also give the error vs the unquantised bf16 layer (rel_err_bf16), for information\n"
     "prints one line per token count; exit 0 iff all pass, 1 if any fails or no Hopper GPU, 2 on bad usage\n";
 
 struct CheckCommand {
@@ -38,7 +42,14 @@ CheckCommand parse_check(const ParsedOptions& parsed) {
   command.preset_name = parsed.get("--model", "");
   command.spec = parse_preset(command.preset_name);
   command.token_counts = parse_token_list(parsed.get("--tokens", "1,7,64,1000"));
-  require_bf16(parsed.get("--dtype", "bf16"));
+  apply_dtype(parsed.get("--dtype", "bf16"), command.spec);
+  if (parsed.flag("--ue8m0")) {
+    if (command.spec.weight_dtype != WeightDType::kFP8E4M3) throw UsageError("--ue8m0 applies to FP8 dtypes only");
+    command.spec.ue8m0_scales = true;
+  }
+  command.options.static_act_scales = parsed.flag("--static-scales");
+  if (command.options.static_act_scales && command.spec.scheme != QuantScheme::kPerTensor)
+    throw UsageError("--static-scales applies to --dtype fp8-tensor only");
   command.options.routing = parse_routing(parsed.get("--routing", "uniform"));
   command.options.entry = parse_entry_option(parsed.get("--entry", "logits"));
   command.options.orientation = parse_orientation(parsed.get("--orientation", "auto"));
@@ -52,11 +63,17 @@ std::string check_line(const CheckCommand& command, int num_tokens, const testki
   std::snprintf(rel_error, sizeof(rel_error), "%.3e", result.rel_error);
   char reference_seconds[32];
   std::snprintf(reference_seconds, sizeof(reference_seconds), "%.2fs", result.reference_seconds);
-  return command.preset_name + " T=" + std::to_string(num_tokens) +
+  std::string dtype = command.spec.scheme == QuantScheme::kNone ? "bf16" : to_string(command.spec.scheme);
+  if (command.options.static_act_scales) dtype += "(static)";
+  if (command.spec.ue8m0_scales) dtype += "(ue8m0)";
+  char unquantised[48] = "";
+  if (result.rel_error_unquantised >= 0.0)
+    std::snprintf(unquantised, sizeof(unquantised), " rel_err_bf16=%.3e", result.rel_error_unquantised);
+  return command.preset_name + " dtype=" + dtype + " T=" + std::to_string(num_tokens) +
          " routing=" + testkit::to_string(command.options.routing) +
          " entry=" + testkit::to_string(command.options.entry) +
          " orientation=" + to_string(command.options.orientation) + " plan=" + plan_summary(result.plan) +
-         " rel_err=" + rel_error + " checked=" + std::to_string(result.tokens_checked) + "/" +
+         " rel_err=" + rel_error + unquantised + " checked=" + std::to_string(result.tokens_checked) + "/" +
          std::to_string(result.num_tokens) + (result.sampled ? "(sampled)" : "") +
          " unwritten=" + std::to_string(result.unwritten) + " nonfinite=" + std::to_string(result.nonfinite) +
          " ref=" + reference_seconds + (result.passed ? " PASS" : " FAIL");
@@ -68,7 +85,8 @@ int run_check(const std::vector<std::string>& args) {
   CheckCommand command;
   try {
     const ParsedOptions parsed = parse_options(
-        args, {"--model", "--tokens", "--dtype", "--routing", "--entry", "--orientation", "--seed", "--ref-tokens"});
+        args, {"--model", "--tokens", "--dtype", "--routing", "--entry", "--orientation", "--seed", "--ref-tokens"},
+        {"--static-scales", "--ue8m0"});
     if (parsed.help) {
       std::cout << kCheckUsage;
       return 0;
@@ -82,7 +100,8 @@ int run_check(const std::vector<std::string>& args) {
   try {
     testkit::Stream stream;
     const testkit::LayerWeights weights =
-        testkit::make_layer_weights(command.spec, command.options.seed, /*keep_host_copy=*/true, stream.get());
+        testkit::make_layer_weights(command.spec, command.options.seed, /*keep_host_copy=*/true, stream.get(),
+                                    command.options.static_act_scales);
     bool all_passed = true;
     for (int num_tokens : command.token_counts) {
       testkit::CheckOptions options = command.options;

@@ -104,11 +104,24 @@ testkit::Entry parse_entry_option(const std::string& text) {
   throw UsageError("--entry '" + text + "': expected logits or topk");
 }
 
-void require_bf16(const std::string& dtype) {
-  if (dtype == "bf16") return;
-  for (QuantScheme scheme : {QuantScheme::kPerTensor, QuantScheme::kPerChannelPerToken, QuantScheme::kBlock128})
-    if (dtype == to_string(scheme)) throw UsageError("--dtype " + dtype + ": FP8 is not implemented yet (only bf16)");
-  throw UsageError("--dtype '" + dtype + "': expected bf16 (fp8-tensor, fp8-channel, fp8-block are not implemented yet)");
+void apply_dtype(const std::string& dtype, MoeSpec& spec) {
+  if (dtype == "bf16") {
+    spec.weight_dtype = WeightDType::kBF16;
+    spec.scheme = QuantScheme::kNone;
+    return;
+  }
+  for (QuantScheme scheme : {QuantScheme::kPerTensor, QuantScheme::kPerChannelPerToken, QuantScheme::kBlock128}) {
+    if (dtype != to_string(scheme)) continue;
+    spec.weight_dtype = WeightDType::kFP8E4M3;
+    spec.scheme = scheme;
+    try {
+      validate(spec);
+    } catch (const Error& error) {
+      throw UsageError("--dtype " + dtype + ": " + error.what());
+    }
+    return;
+  }
+  throw UsageError("--dtype '" + dtype + "': expected bf16, fp8-tensor, fp8-channel or fp8-block");
 }
 
 std::string plan_summary(const PlanInfo& plan) {

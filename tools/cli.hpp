@@ -48,8 +48,14 @@ std::uint64_t parse_seed(const std::string& text);
 Orientation parse_orientation(const std::string& text);
 testkit::RoutingMode parse_routing(const std::string& text);
 testkit::Entry parse_entry_option(const std::string& text);
-// Only bf16 runs today; the FP8 schemes are named so the message can say they are coming.
-void require_bf16(const std::string& dtype);
+// --dtype bf16 | fp8-tensor | fp8-channel | fp8-block: sets spec's weight dtype and scheme; a
+// scheme the shape cannot run (fp8-block needs H and I multiples of 128) is a usage error.
+void apply_dtype(const std::string& dtype, MoeSpec& spec);
+// The --dtype line every GPU command's usage shares.
+inline constexpr const char* kDtypeHelp =
+    "  --dtype        bf16 (default), or FP8 e4m3 weights and activations: fp8-tensor (per-tensor scales),\n"
+    "                 fp8-channel (per-channel weights x per-token activations), fp8-block (128x128 weight\n"
+    "                 blocks x 1x128 activation groups)\n";
 
 // "<orientation> <weight_tile>x<token_tile>", e.g. "swap 64x16".
 std::string plan_summary(const PlanInfo& plan);

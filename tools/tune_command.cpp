@@ -362,7 +362,7 @@ int run_tune(const std::vector<std::string>& args) {
     if (!parsed.has("--model")) throw UsageError("missing --model PRESET");
     target.preset_name = parsed.get("--model", "");
     target.spec = parse_preset(target.preset_name);
-    require_bf16(parsed.get("--dtype", "bf16"));
+    apply_dtype(parsed.get("--dtype", "bf16"), target.spec);
     target.buckets = parse_token_list(parsed.get("--tokens", kDefaultBuckets));
     std::sort(target.buckets.begin(), target.buckets.end());
     target.buckets.erase(std::unique(target.buckets.begin(), target.buckets.end()), target.buckets.end());

@@ -19,7 +19,8 @@ typedef enum hmoe_status {
 
 /* Values mirror the C++ enums: weight_dtype 0 bf16, 1 fp8 e4m3; scheme 0 none, 1 per-tensor,
    2 per-channel × per-token, 3 128×128 block; routing_function 0 softmax top-k, 1 grouped sigmoid;
-   logits_dtype 0 fp32, 1 bf16; orientation 0 auto, 1 normal, 2 swap-AB. */
+   logits_dtype 0 fp32, 1 bf16; orientation 0 auto, 1 normal, 2 swap-AB; matrix 0 w13, 1 w2.
+   Fields added later sit at the end of their struct, so the offsets of older ones never move. */
 typedef struct hmoe_spec {
   int num_experts, top_k, hidden, intermediate;
   int weight_dtype, scheme;
@@ -27,6 +28,7 @@ typedef struct hmoe_spec {
   float routed_scaling_factor;
   int logits_dtype;
   int batch_invariant;           /* nonzero: a token's output bits do not depend on the batch */
+  int ue8m0_scales;              /* FP8 only, nonzero: computed scales rounded up to powers of two */
 } hmoe_spec;
 
 typedef struct hmoe_plan_options {
@@ -45,6 +47,10 @@ typedef struct hmoe_run_args {
   void* workspace;
   size_t workspace_size;
   int* invalid_id_count;         /* optional device counter */
+  const float* w13_scale;        /* FP8 only: hmoe_weight_scale_count(spec, 0) floats, device */
+  const float* w2_scale;         /* FP8 only: hmoe_weight_scale_count(spec, 1) floats, device */
+  const float* act_scale;        /* fp8-tensor only: static scale of x, one float on the device, or NULL */
+  const float* intermediate_act_scale; /* fp8-tensor only: static scale of the SwiGLU output, or NULL */
 } hmoe_run_args;
 
 typedef struct hmoe_runner hmoe_runner;
@@ -56,6 +62,14 @@ hmoe_status hmoe_spec_preset(const char* name, hmoe_spec* spec);
 hmoe_status hmoe_prepared_weight_bytes(const hmoe_spec* spec, size_t* w13_bytes, size_t* w2_bytes);
 hmoe_status hmoe_prepare_weights(const hmoe_spec* spec, const void* w13_src, const void* w2_src, void* w13_dst,
                                  void* w2_dst, void* stream);
+
+/* FP8 weights. Scales are fp32 in the checkpoint layouts of matrix (0 w13 [E, 2I, H], 1 w2 [E, H, I];
+   N rows, K columns): fp8-tensor [E], fp8-channel [E, N], fp8-block [E, ceil(N/128), ceil(K/128)].
+   *count is 0 for bf16 specs. hmoe_quantize_weights turns bf16 weights [E, N, K] (device) into e4m3
+   bytes of the same layout (what hmoe_prepare_weights takes for FP8 specs) and their scales. */
+hmoe_status hmoe_weight_scale_count(const hmoe_spec* spec, int matrix, size_t* count);
+hmoe_status hmoe_quantize_weights(const hmoe_spec* spec, int matrix, const void* bf16_weights, void* fp8_weights,
+                                  float* scales, void* stream);
 
 hmoe_status hmoe_runner_create(const hmoe_spec* spec, int max_tokens, int orientation, hmoe_runner** runner);
 hmoe_status hmoe_runner_create_with_options(const hmoe_spec* spec, const hmoe_plan_options* options,

@@ -59,6 +59,10 @@ struct MoeSpec {
   // which other tokens share the batch (one fixed GEMM variant for every T; docs/RELIABILITY.md).
   // For reproducible serving and RL rollouts; costs speed where another plan would be faster.
   bool batch_invariant = false;
+  // FP8 only: round every activation scale hmoe computes (dynamic scales of x and of the SwiGLU
+  // output) up to a power of two (UE8M0), as DeepSeek-V3-style checkpoints expect. Weight scales
+  // are used as given; quantize_weights rounds the ones it computes the same way.
+  bool ue8m0_scales = false;
 };
 
 // The model presets of DESIGN.md §3 ("mixtral-8x7b", "qwen3-30b-a3b", ...). Throws on an unknown name.
@@ -79,16 +83,35 @@ void validate(const MoeSpec& spec);
 
 // ---- One-time weight preparation -----------------------------------------------------------
 // Sources use the vLLM/HF layouts: w13 [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up), w2 [E, H, I],
-// row-major, bf16. The prepared buffers are what Weights points at; their layout is private.
+// row-major; bf16, or e4m3 bytes for FP8 specs. The prepared buffers are what Weights points at;
+// their layout is private. FP8 weight scales are not prepared: Weights points at them as they are.
 std::size_t prepared_w13_bytes(const MoeSpec& spec);
 std::size_t prepared_w2_bytes(const MoeSpec& spec);
 void prepare_weights(const MoeSpec& spec, const void* w13_src, const void* w2_src, void* w13_dst,
                      void* w2_dst, cudaStream_t stream);
 
+// ---- FP8 weights ---------------------------------------------------------------------------
+// The two weight matrices of a layer: w13 [E, 2I, H] and w2 [E, H, I] (rows N, columns K).
+enum class WeightMatrix { kW13, kW2 };
+
+// fp32 dequantisation scales per matrix, in the checkpoint layouts (vLLM's w13_weight_scale /
+// w2_weight_scale, DeepSeek-V3's weight_scale_inv): fp8-tensor [E]; fp8-channel [E, N];
+// fp8-block [E, ceil(N/128), ceil(K/128)]. 0 for bf16 specs.
+std::size_t weight_scale_count(const MoeSpec& spec, WeightMatrix matrix);
+
+// Quantises bf16 weights [E, N, K] (device, HF layout) into e4m3 values [E, N, K] (device, the
+// source layout prepare_weights takes) and their scales (weight_scale_count floats): per scheme
+// group, scale = amax / 448 (rounded up to a power of two when spec.ue8m0_scales), an all-zero
+// group gets scale 1, value = e4m3(w / scale) rounded to nearest even and saturated. FP8 specs only.
+void quantize_weights(const MoeSpec& spec, WeightMatrix matrix, const void* bf16_weights, void* fp8_weights,
+                      float* scales, cudaStream_t stream);
+
 struct Weights {
   const void* w13 = nullptr;             // prepared w13 (prepared_w13_bytes)
   const void* w2 = nullptr;              // prepared w2 (prepared_w2_bytes)
   const float* correction_bias = nullptr;  // [E] fp32, grouped routing only; nullptr means zeros
+  const float* w13_scale = nullptr;      // FP8 only: weight_scale_count(spec, kW13) floats, device
+  const float* w2_scale = nullptr;       // FP8 only: weight_scale_count(spec, kW2) floats, device
 };
 
 // ---- Planning and running -------------------------------------------------------------------
@@ -121,6 +144,11 @@ struct RunArgs {
   // Such a slot contributes nothing to its token's output.
   // Accumulates over every chunk of a run and over runs; the caller zeroes it.
   int* invalid_id_count = nullptr;
+  // fp8-tensor only: static activation scales (vLLM's a1_scale / a2_scale), one float each on the
+  // device. nullptr: the scale is dynamic — amax / 448 over all of x, or over every routed row of
+  // the SwiGLU output. The other schemes always quantise activations dynamically.
+  const float* act_scale = nullptr;
+  const float* intermediate_act_scale = nullptr;
 };
 
 // What one run launches, for inspection (`hmoe bench --explain`, tests).
@@ -161,6 +189,7 @@ class MoeRunner {
 
  private:
   void check_args(const RunArgs& args) const;
+  std::size_t scale_bytes(WeightMatrix matrix) const;
   void prepare_kernels() const;
   void run_experts(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights, int num_sms,
                    cudaStream_t stream) const;

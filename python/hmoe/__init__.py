@@ -24,7 +24,10 @@ from ._ext import (  # noqa: E402
     prepared_weight_bytes,
     preset,
     preset_names,
+    quantize_weights,
     version,
+    weight_scale_count,
+    weight_scale_shape,
 )
 
 __version__ = version()
@@ -40,5 +43,8 @@ __all__ = [
     "prepared_weight_bytes",
     "preset",
     "preset_names",
+    "quantize_weights",
     "version",
+    "weight_scale_count",
+    "weight_scale_shape",
 ]

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "hmoe/hmoe.hpp"
 
@@ -27,6 +28,7 @@ using Array = nb::ndarray<>;  // any dtype, shape and device: every property is 
 
 // ---- Enums as the short strings the CLI prints ----------------------------------------------------
 
+// field names what was given ("Spec.scheme", "matrix").
 template <typename Enum, std::size_t N>
 Enum parse_enum(std::string_view text, const char* field, const std::pair<std::string_view, Enum> (&names)[N]) {
   std::string expected;
@@ -34,8 +36,7 @@ Enum parse_enum(std::string_view text, const char* field, const std::pair<std::s
     if (text == name) return value;
     expected += std::string(expected.empty() ? "'" : ", '") + std::string(name) + "'";
   }
-  throw Error("hmoe: invalid Spec." + std::string(field) + " = '" + std::string(text) + "': expected one of " +
-              expected);
+  throw Error("hmoe: invalid " + std::string(field) + " = '" + std::string(text) + "': expected one of " + expected);
 }
 
 constexpr std::pair<std::string_view, RoutingFunction> kRoutingNames[] = {
@@ -51,12 +52,16 @@ constexpr std::pair<std::string_view, QuantScheme> kSchemeNames[] = {
     {"fp8-block", QuantScheme::kBlock128}};
 constexpr std::pair<std::string_view, Orientation> kOrientationNames[] = {
     {"auto", Orientation::kAuto}, {"normal", Orientation::kNormal}, {"swap", Orientation::kSwapAB}};
+constexpr std::pair<std::string_view, WeightMatrix> kMatrixNames[] = {{"w13", WeightMatrix::kW13},
+                                                                      {"w2", WeightMatrix::kW2}};
 
 std::string logits_name(LogitsDType value) { return value == LogitsDType::kFloat32 ? "float32" : "bfloat16"; }
 
 // ---- Array checks: everything the C++ API cannot see behind a raw pointer --------------------------
 
 constexpr int kCuda = static_cast<int>(nb::device::cuda::value);
+// DLPack 1.1's kDLFloat8_e4m3fn (torch.float8_e4m3fn); spelled out because older nanobind lacks the name.
+constexpr std::uint8_t kFloat8E4m3fnCode = 10;
 
 std::string dtype_name(nb::dlpack::dtype dtype) {
   const char* code = "?";
@@ -65,7 +70,9 @@ std::string dtype_name(nb::dlpack::dtype dtype) {
     case nb::dlpack::dtype_code::UInt: code = "uint"; break;
     case nb::dlpack::dtype_code::Float: code = "float"; break;
     case nb::dlpack::dtype_code::Bfloat: code = "bfloat"; break;
-    default: break;
+    default:
+      if (dtype.code == kFloat8E4m3fnCode) return "float8_e4m3fn";
+      break;
   }
   return code + std::to_string(dtype.bits);
 }
@@ -109,7 +116,7 @@ void require_dtype(const Array& array, const char* name, nb::dlpack::dtype_code 
                 dtype_name(nb::dlpack::dtype{static_cast<std::uint8_t>(code), static_cast<std::uint8_t>(bits), 1}));
 }
 
-void require_shape(const Array& array, const char* name, std::initializer_list<std::int64_t> shape) {
+void require_shape(const Array& array, const char* name, const std::vector<std::int64_t>& shape) {
   bool same = array.ndim() == shape.size();
   std::size_t i = 0;
   std::string expected = "[";
@@ -120,6 +127,14 @@ void require_shape(const Array& array, const char* name, std::initializer_list<s
   }
   if (!same)
     throw Error(std::string("hmoe: ") + name + " has shape " + shape_text(array) + ": expected " + expected + "]");
+}
+
+// FP8 weights arrive as e4m3 values or as their raw bytes (a uint8 view, for frameworks without fp8 in DLPack).
+void require_e4m3(const Array& array, const char* name) {
+  const bool e4m3 = array.dtype().code == kFloat8E4m3fnCode && array.dtype().bits == 8 && array.dtype().lanes == 1;
+  if (!e4m3 && !is_dtype(array, nb::dlpack::dtype_code::UInt, 8))
+    throw Error(std::string("hmoe: ") + name + " has dtype " + dtype_name(array.dtype()) +
+                ": expected float8_e4m3fn (or its bytes as uint8) for an FP8 spec");
 }
 
 void require_bytes(const Array& array, const char* name, std::size_t bytes) {
@@ -142,6 +157,42 @@ void require_current_device(int device) {
 }
 
 cudaStream_t as_stream(std::uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
+
+// [E, N, K] of a weight matrix: w13 [E, 2I, H], w2 [E, H, I].
+std::vector<std::int64_t> weight_shape(const MoeSpec& spec, WeightMatrix matrix) {
+  if (matrix == WeightMatrix::kW13) return {spec.num_experts, 2LL * spec.intermediate, spec.hidden};
+  return {spec.num_experts, spec.hidden, spec.intermediate};
+}
+
+// The checkpoint layout of a matrix's scales (hmoe.hpp, weight_scale_count): fp8-tensor [E],
+// fp8-channel [E, N], fp8-block [E, ceil(N/128), ceil(K/128)]; empty for bf16 specs.
+std::vector<std::int64_t> weight_scale_shape(const MoeSpec& spec, WeightMatrix matrix) {
+  const std::vector<std::int64_t> shape = weight_shape(spec, matrix);
+  switch (spec.scheme) {
+    case QuantScheme::kPerTensor: return {shape[0]};
+    case QuantScheme::kPerChannelPerToken: return {shape[0], shape[1]};
+    case QuantScheme::kBlock128: return {shape[0], (shape[1] + 127) / 128, (shape[2] + 127) / 128};
+    case QuantScheme::kNone: break;
+  }
+  return {};
+}
+
+// An optional fp32 scale array of the given shape; nullptr when absent. An empty shape (weight
+// scales of a bf16 layer) is not checked here: MoeRunner rejects the pointer with its own message.
+const float* scale_pointer(const std::optional<Array>& scale, const char* name, const std::vector<std::int64_t>& shape,
+                           int device) {
+  if (!scale) return nullptr;
+  require_device_array(*scale, name, device);
+  require_dtype(*scale, name, nb::dlpack::dtype_code::Float, 32);
+  if (!shape.empty()) require_shape(*scale, name, shape);
+  return static_cast<const float*>(scale->data());
+}
+
+// The FP8 arrays of a run: weight scales in the checkpoint layouts and the static per-tensor
+// activation scales ([1] each); all absent for bf16 layers, activation scales absent when dynamic.
+struct ScaleArrays {
+  std::optional<Array> w13_scale, w2_scale, act_scale, intermediate_act_scale;
+};
 
 // x [T, H] bf16 and out of the same shape; returns T.
 int check_activations(const MoeSpec& spec, const Array& x, const Array& out, int device) {
@@ -174,7 +225,7 @@ class Runner {
   int device() const { return device_; }
 
   RunArgs run_args(const Array& x, const Array& out, const Array& w13, const Array& w2, const Array& workspace,
-                   const std::optional<Array>& invalid_id_count) const {
+                   const std::optional<Array>& invalid_id_count, const ScaleArrays& scales) const {
     const MoeSpec& spec = runner_.spec();
     RunArgs args;
     args.num_tokens = check_activations(spec, x, out, device_);
@@ -189,6 +240,12 @@ class Runner {
       require_shape(*invalid_id_count, "invalid_id_count", {1});
       args.invalid_id_count = static_cast<int*>(invalid_id_count->data());
     }
+    args.weights.w13_scale = scale_pointer(scales.w13_scale, "w13_scale", weight_scale_shape(spec, WeightMatrix::kW13),
+                                           device_);
+    args.weights.w2_scale = scale_pointer(scales.w2_scale, "w2_scale", weight_scale_shape(spec, WeightMatrix::kW2),
+                                          device_);
+    args.act_scale = scale_pointer(scales.act_scale, "act_scale", {1}, device_);
+    args.intermediate_act_scale = scale_pointer(scales.intermediate_act_scale, "intermediate_act_scale", {1}, device_);
     require_current_device(device_);
     args.x = x.data();
     args.out = out.data();
@@ -201,8 +258,8 @@ class Runner {
 
   void run_from_topk(const Array& x, const Array& out, const Array& w13, const Array& w2, const Array& topk_ids,
                      const Array& topk_weights, const Array& workspace, std::uintptr_t stream,
-                     const std::optional<Array>& invalid_id_count) const {
-    const RunArgs args = run_args(x, out, w13, w2, workspace, invalid_id_count);
+                     const std::optional<Array>& invalid_id_count, const ScaleArrays& scales) const {
+    const RunArgs args = run_args(x, out, w13, w2, workspace, invalid_id_count, scales);
     const std::int64_t tokens = args.num_tokens, top_k = runner_.spec().top_k;
     require_device_array(topk_ids, "topk_ids", device_);
     require_dtype(topk_ids, "topk_ids", nb::dlpack::dtype_code::Int, 32);
@@ -216,9 +273,9 @@ class Runner {
 
   void run_from_logits(const Array& x, const Array& out, const Array& w13, const Array& w2, const Array& router_logits,
                        const Array& workspace, std::uintptr_t stream, const std::optional<Array>& correction_bias,
-                       const std::optional<Array>& invalid_id_count) const {
+                       const std::optional<Array>& invalid_id_count, const ScaleArrays& scales) const {
     const MoeSpec& spec = runner_.spec();
-    RunArgs args = run_args(x, out, w13, w2, workspace, invalid_id_count);
+    RunArgs args = run_args(x, out, w13, w2, workspace, invalid_id_count, scales);
     require_device_array(router_logits, "router_logits", device_);
     if (spec.routing.logits_dtype == LogitsDType::kFloat32)
       require_dtype(router_logits, "router_logits", nb::dlpack::dtype_code::Float, 32);
@@ -238,7 +295,7 @@ class Runner {
   static PlanOptions options(int max_tokens, std::string_view orientation, std::size_t max_workspace_bytes) {
     PlanOptions options;
     options.max_tokens = max_tokens;
-    options.orientation = parse_enum(orientation, "orientation", kOrientationNames);
+    options.orientation = parse_enum(orientation, "Spec.orientation", kOrientationNames);
     options.max_workspace_bytes = max_workspace_bytes;
     return options;
   }
@@ -247,23 +304,55 @@ class Runner {
   int device_ = 0;
 };
 
-// Source layouts of DESIGN.md §2 (w13 [E, 2I, H], w2 [E, H, I], bf16) into the prepared buffers.
+// The weights of a spec: bf16, or e4m3 values for FP8 specs.
+void require_weight_dtype(const MoeSpec& spec, const Array& array, const char* name) {
+  if (spec.weight_dtype == WeightDType::kFP8E4M3)
+    require_e4m3(array, name);
+  else
+    require_dtype(array, name, nb::dlpack::dtype_code::Bfloat, 16);
+}
+
+// Source layouts of DESIGN.md §2 (w13 [E, 2I, H], w2 [E, H, I]; bf16, or e4m3 for FP8 specs) into
+// the prepared buffers.
 void prepare(const MoeSpec& spec, const Array& w13, const Array& w2, const Array& w13_out, const Array& w2_out,
              std::uintptr_t stream) {
   validate(spec);
   const int device = w13.device_id();
   require_device_array(w13, "w13", device);
-  require_dtype(w13, "w13", nb::dlpack::dtype_code::Bfloat, 16);
-  require_shape(w13, "w13", {spec.num_experts, 2LL * spec.intermediate, spec.hidden});
+  require_weight_dtype(spec, w13, "w13");
+  require_shape(w13, "w13", weight_shape(spec, WeightMatrix::kW13));
   require_device_array(w2, "w2", device);
-  require_dtype(w2, "w2", nb::dlpack::dtype_code::Bfloat, 16);
-  require_shape(w2, "w2", {spec.num_experts, spec.hidden, spec.intermediate});
+  require_weight_dtype(spec, w2, "w2");
+  require_shape(w2, "w2", weight_shape(spec, WeightMatrix::kW2));
   require_device_array(w13_out, "w13_out", device);
   require_bytes(w13_out, "w13_out", prepared_w13_bytes(spec));
   require_device_array(w2_out, "w2_out", device);
   require_bytes(w2_out, "w2_out", prepared_w2_bytes(spec));
   require_current_device(device);
   prepare_weights(spec, w13.data(), w2.data(), w13_out.data(), w2_out.data(), as_stream(stream));
+}
+
+// bf16 weights [E, N, K] of one matrix into e4m3 values of the same shape and their scales.
+void quantize(const MoeSpec& spec, std::string_view matrix_name, const Array& weights, const Array& values_out,
+              const Array& scales_out, std::uintptr_t stream) {
+  const WeightMatrix matrix = parse_enum(matrix_name, "matrix", kMatrixNames);
+  validate(spec);
+  if (spec.weight_dtype != WeightDType::kFP8E4M3)
+    throw Error("hmoe: quantize_weights needs an FP8 spec: got weight_dtype = " + to_string(spec.weight_dtype));
+  const int device = weights.device_id();
+  const std::vector<std::int64_t> shape = weight_shape(spec, matrix);
+  require_device_array(weights, "weights", device);
+  require_dtype(weights, "weights", nb::dlpack::dtype_code::Bfloat, 16);
+  require_shape(weights, "weights", shape);
+  require_device_array(values_out, "values_out", device);
+  require_e4m3(values_out, "values_out");
+  require_shape(values_out, "values_out", shape);
+  require_device_array(scales_out, "scales_out", device);
+  require_dtype(scales_out, "scales_out", nb::dlpack::dtype_code::Float, 32);
+  require_shape(scales_out, "scales_out", weight_scale_shape(spec, matrix));
+  require_current_device(device);
+  quantize_weights(spec, matrix, weights.data(), values_out.data(), static_cast<float*>(scales_out.data()),
+                   as_stream(stream));
 }
 
 nb::dict plan_dict(const PlanInfo& info) {
@@ -292,6 +381,7 @@ std::string spec_repr(const MoeSpec& spec) {
   text += ", logits_dtype='" + logits_name(spec.routing.logits_dtype) + "', weight_dtype='" +
           to_string(spec.weight_dtype) + "', scheme='" + to_string(spec.scheme) + "'";
   if (spec.batch_invariant) text += ", batch_invariant=True";
+  if (spec.ue8m0_scales) text += ", ue8m0_scales=True";
   return text + ")";
 }
 
@@ -330,35 +420,38 @@ NB_MODULE(_ext, m) {
           [](MoeSpec* self, int num_experts, int top_k, int hidden, int intermediate, std::string_view routing,
              bool renormalize, int num_groups, int topk_groups, float routed_scaling_factor,
              std::string_view logits_dtype, std::string_view weight_dtype, std::string_view scheme,
-             bool batch_invariant) {
+             bool batch_invariant, bool ue8m0_scales) {
             MoeSpec spec;
             spec.num_experts = num_experts;
             spec.top_k = top_k;
             spec.hidden = hidden;
             spec.intermediate = intermediate;
-            spec.routing.function = parse_enum(routing, "routing", kRoutingNames);
+            spec.routing.function = parse_enum(routing, "Spec.routing", kRoutingNames);
             spec.routing.renormalize = renormalize;
             spec.routing.num_groups = num_groups;
             spec.routing.topk_groups = topk_groups;
             spec.routing.routed_scaling_factor = routed_scaling_factor;
-            spec.routing.logits_dtype = parse_enum(logits_dtype, "logits_dtype", kLogitsNames);
-            spec.weight_dtype = parse_enum(weight_dtype, "weight_dtype", kWeightNames);
-            spec.scheme = parse_enum(scheme, "scheme", kSchemeNames);
+            spec.routing.logits_dtype = parse_enum(logits_dtype, "Spec.logits_dtype", kLogitsNames);
+            spec.weight_dtype = parse_enum(weight_dtype, "Spec.weight_dtype", kWeightNames);
+            spec.scheme = parse_enum(scheme, "Spec.scheme", kSchemeNames);
             spec.batch_invariant = batch_invariant;
+            spec.ue8m0_scales = ue8m0_scales;
             new (self) MoeSpec(spec);
           },
           "num_experts"_a, "top_k"_a, "hidden"_a, "intermediate"_a, nb::kw_only(), "routing"_a = "softmax",
           "renormalize"_a = true, "num_groups"_a = 1, "topk_groups"_a = 1, "routed_scaling_factor"_a = 1.0f,
-          "logits_dtype"_a = "float32", "weight_dtype"_a = "bf16", "scheme"_a = "none", "batch_invariant"_a = false)
+          "logits_dtype"_a = "float32", "weight_dtype"_a = "bf16", "scheme"_a = "none", "batch_invariant"_a = false,
+          "ue8m0_scales"_a = false)
       .def_rw("num_experts", &MoeSpec::num_experts)
       .def_rw("top_k", &MoeSpec::top_k)
       .def_rw("hidden", &MoeSpec::hidden)
       .def_rw("intermediate", &MoeSpec::intermediate)
       .def_rw("batch_invariant", &MoeSpec::batch_invariant)
+      .def_rw("ue8m0_scales", &MoeSpec::ue8m0_scales)
       .def_prop_rw(
           "routing", [](const MoeSpec& spec) { return to_string(spec.routing.function); },
           [](MoeSpec& spec, std::string_view value) {
-            spec.routing.function = parse_enum(value, "routing", kRoutingNames);
+            spec.routing.function = parse_enum(value, "Spec.routing", kRoutingNames);
           })
       .def_prop_rw(
           "renormalize", [](const MoeSpec& spec) { return spec.routing.renormalize; },
@@ -375,16 +468,16 @@ NB_MODULE(_ext, m) {
       .def_prop_rw(
           "logits_dtype", [](const MoeSpec& spec) { return logits_name(spec.routing.logits_dtype); },
           [](MoeSpec& spec, std::string_view value) {
-            spec.routing.logits_dtype = parse_enum(value, "logits_dtype", kLogitsNames);
+            spec.routing.logits_dtype = parse_enum(value, "Spec.logits_dtype", kLogitsNames);
           })
       .def_prop_rw(
           "weight_dtype", [](const MoeSpec& spec) { return to_string(spec.weight_dtype); },
           [](MoeSpec& spec, std::string_view value) {
-            spec.weight_dtype = parse_enum(value, "weight_dtype", kWeightNames);
+            spec.weight_dtype = parse_enum(value, "Spec.weight_dtype", kWeightNames);
           })
       .def_prop_rw(
           "scheme", [](const MoeSpec& spec) { return to_string(spec.scheme); },
-          [](MoeSpec& spec, std::string_view value) { spec.scheme = parse_enum(value, "scheme", kSchemeNames); })
+          [](MoeSpec& spec, std::string_view value) { spec.scheme = parse_enum(value, "Spec.scheme", kSchemeNames); })
       .def("validate", [](const MoeSpec& spec) { validate(spec); }, "Raises InvalidArgumentError naming the first bad field.")
       .def("__repr__", &spec_repr);
 
@@ -399,7 +492,26 @@ NB_MODULE(_ext, m) {
       "spec"_a, "Bytes of the prepared (w13, w2) buffers prepare_weights writes.");
   m.def("prepare_weights", &prepare, "spec"_a, "w13"_a, "w2"_a, "w13_out"_a, "w2_out"_a, "stream"_a,
         "Re-lays out w13 [E, 2I, H] and w2 [E, H, I] (bf16, CUDA) into the prepared buffers, "
-        "asynchronously on stream (a cudaStream_t as an integer; 0 is the legacy default stream).");
+        "asynchronously on stream (a cudaStream_t as an integer; 0 is the legacy default stream). "
+        "FP8 specs take e4m3 values (float8_e4m3fn, or their bytes as uint8); their scales are not prepared.");
+  m.def(
+      "weight_scale_count",
+      [](const MoeSpec& spec, std::string_view matrix) {
+        return weight_scale_count(spec, parse_enum(matrix, "matrix", kMatrixNames));
+      },
+      "spec"_a, "matrix"_a, "fp32 scales of matrix 'w13' or 'w2' (0 for bf16 specs).");
+  m.def(
+      "weight_scale_shape",
+      [](const MoeSpec& spec, std::string_view matrix) {
+        validate(spec);
+        return weight_scale_shape(spec, parse_enum(matrix, "matrix", kMatrixNames));
+      },
+      "spec"_a, "matrix"_a,
+      "The checkpoint layout of a matrix's scales, N and K its rows and columns (w13 [E, 2I, H], w2 [E, H, I]): "
+      "fp8-tensor [E], fp8-channel [E, N], fp8-block [E, ceil(N/128), ceil(K/128)]; [] for bf16.");
+  m.def("quantize_weights", &quantize, "spec"_a, "matrix"_a, "weights"_a, "values_out"_a, "scales_out"_a, "stream"_a,
+        "Quantises bf16 weights of matrix 'w13' [E, 2I, H] or 'w2' [E, H, I] (CUDA) with the spec's FP8 scheme "
+        "into e4m3 values of the same shape and fp32 scales (weight_scale_shape), asynchronously on stream.");
 
   nb::class_<Runner>(m, "Runner", "A planned layer (hmoe::MoeRunner) for up to max_tokens tokens per run, "
                                   "bound to the CUDA device current when it was made.")
@@ -412,10 +524,36 @@ NB_MODULE(_ext, m) {
       .def(
           "plan_info", [](const Runner& self, int num_tokens) { return plan_dict(self.runner().plan_info(num_tokens)); },
           "num_tokens"_a)
-      .def("run_from_topk", &Runner::run_from_topk, "x"_a, "out"_a, "w13"_a, "w2"_a, "topk_ids"_a, "topk_weights"_a,
-           "workspace"_a, "stream"_a, "invalid_id_count"_a = nb::none(),
-           "out[t] = Σ_j topk_weights[t,j]·expert_{topk_ids[t,j]}(x[t]); asynchronous on stream, no allocation.")
-      .def("run_from_logits", &Runner::run_from_logits, "x"_a, "out"_a, "w13"_a, "w2"_a, "router_logits"_a,
-           "workspace"_a, "stream"_a, "correction_bias"_a = nb::none(), "invalid_id_count"_a = nb::none(),
-           "Routes with the spec's routing function, then runs the experts; asynchronous on stream.");
+      .def(
+          "run_from_topk",
+          [](const Runner& self, const Array& x, const Array& out, const Array& w13, const Array& w2,
+             const Array& topk_ids, const Array& topk_weights, const Array& workspace, std::uintptr_t stream,
+             const std::optional<Array>& invalid_id_count, const std::optional<Array>& w13_scale,
+             const std::optional<Array>& w2_scale, const std::optional<Array>& act_scale,
+             const std::optional<Array>& intermediate_act_scale) {
+            self.run_from_topk(x, out, w13, w2, topk_ids, topk_weights, workspace, stream, invalid_id_count,
+                               {w13_scale, w2_scale, act_scale, intermediate_act_scale});
+          },
+          "x"_a, "out"_a, "w13"_a, "w2"_a, "topk_ids"_a, "topk_weights"_a, "workspace"_a, "stream"_a,
+          "invalid_id_count"_a = nb::none(), nb::kw_only(), "w13_scale"_a = nb::none(), "w2_scale"_a = nb::none(),
+          "act_scale"_a = nb::none(), "intermediate_act_scale"_a = nb::none(),
+          "out[t] = Σ_j topk_weights[t,j]·expert_{topk_ids[t,j]}(x[t]); asynchronous on stream, no allocation. "
+          "FP8 specs: w13_scale / w2_scale (fp32, weight_scale_shape) and, fp8-tensor only, the static "
+          "act_scale / intermediate_act_scale ([1] fp32; None: dynamic).")
+      .def(
+          "run_from_logits",
+          [](const Runner& self, const Array& x, const Array& out, const Array& w13, const Array& w2,
+             const Array& router_logits, const Array& workspace, std::uintptr_t stream,
+             const std::optional<Array>& correction_bias, const std::optional<Array>& invalid_id_count,
+             const std::optional<Array>& w13_scale, const std::optional<Array>& w2_scale,
+             const std::optional<Array>& act_scale, const std::optional<Array>& intermediate_act_scale) {
+            self.run_from_logits(x, out, w13, w2, router_logits, workspace, stream, correction_bias, invalid_id_count,
+                                 {w13_scale, w2_scale, act_scale, intermediate_act_scale});
+          },
+          "x"_a, "out"_a, "w13"_a, "w2"_a, "router_logits"_a, "workspace"_a, "stream"_a,
+          "correction_bias"_a = nb::none(), "invalid_id_count"_a = nb::none(), nb::kw_only(),
+          "w13_scale"_a = nb::none(), "w2_scale"_a = nb::none(), "act_scale"_a = nb::none(),
+          "intermediate_act_scale"_a = nb::none(),
+          "Routes with the spec's routing function, then runs the experts; asynchronous on stream. "
+          "FP8 arguments as in run_from_topk.");
 }

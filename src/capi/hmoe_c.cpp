@@ -15,11 +15,12 @@ namespace {
 
 thread_local std::string last_error;
 
+// field names the C struct member or argument ("hmoe_spec.scheme", "matrix").
 template <typename Enum>
 Enum checked_enum(int value, int count, const char* field) {
   if (value < 0 || value >= count)
-    throw hmoe::Error(std::string("hmoe: invalid hmoe_spec.") + field + " = " + std::to_string(value) +
-                      ": expected 0.." + std::to_string(count - 1));
+    throw hmoe::Error(std::string("hmoe: invalid ") + field + " = " + std::to_string(value) + ": expected 0.." +
+                      std::to_string(count - 1));
   return static_cast<Enum>(value);
 }
 
@@ -29,15 +30,17 @@ hmoe::MoeSpec to_cpp(const hmoe_spec& spec) {
   out.top_k = spec.top_k;
   out.hidden = spec.hidden;
   out.intermediate = spec.intermediate;
-  out.weight_dtype = checked_enum<hmoe::WeightDType>(spec.weight_dtype, 2, "weight_dtype");
-  out.scheme = checked_enum<hmoe::QuantScheme>(spec.scheme, 4, "scheme");
-  out.routing.function = checked_enum<hmoe::RoutingFunction>(spec.routing_function, 2, "routing_function");
+  out.weight_dtype = checked_enum<hmoe::WeightDType>(spec.weight_dtype, 2, "hmoe_spec.weight_dtype");
+  out.scheme = checked_enum<hmoe::QuantScheme>(spec.scheme, 4, "hmoe_spec.scheme");
+  out.routing.function = checked_enum<hmoe::RoutingFunction>(spec.routing_function, 2,
+                                                                "hmoe_spec.routing_function");
   out.routing.renormalize = spec.renormalize != 0;
   out.routing.num_groups = spec.num_groups;
   out.routing.topk_groups = spec.topk_groups;
   out.routing.routed_scaling_factor = spec.routed_scaling_factor;
-  out.routing.logits_dtype = checked_enum<hmoe::LogitsDType>(spec.logits_dtype, 2, "logits_dtype");
+  out.routing.logits_dtype = checked_enum<hmoe::LogitsDType>(spec.logits_dtype, 2, "hmoe_spec.logits_dtype");
   out.batch_invariant = spec.batch_invariant != 0;
+  out.ue8m0_scales = spec.ue8m0_scales != 0;
   return out;
 }
 
@@ -56,6 +59,7 @@ hmoe_spec to_c(const hmoe::MoeSpec& spec) {
   out.routed_scaling_factor = spec.routing.routed_scaling_factor;
   out.logits_dtype = static_cast<int>(spec.routing.logits_dtype);
   out.batch_invariant = spec.batch_invariant ? 1 : 0;
+  out.ue8m0_scales = spec.ue8m0_scales ? 1 : 0;
   return out;
 }
 
@@ -67,9 +71,13 @@ hmoe::RunArgs to_cpp(const hmoe_run_args& args) {
   out.weights.w13 = args.w13;
   out.weights.w2 = args.w2;
   out.weights.correction_bias = args.correction_bias;
+  out.weights.w13_scale = args.w13_scale;
+  out.weights.w2_scale = args.w2_scale;
   out.workspace = args.workspace;
   out.workspace_size = args.workspace_size;
   out.invalid_id_count = args.invalid_id_count;
+  out.act_scale = args.act_scale;
+  out.intermediate_act_scale = args.intermediate_act_scale;
   return out;
 }
 
@@ -124,6 +132,23 @@ hmoe_status hmoe_prepare_weights(const hmoe_spec* spec, const void* w13_src, con
   return guarded([&] {
     require(spec, "spec");
     hmoe::prepare_weights(to_cpp(*spec), w13_src, w2_src, w13_dst, w2_dst, static_cast<cudaStream_t>(stream));
+  });
+}
+
+hmoe_status hmoe_weight_scale_count(const hmoe_spec* spec, int matrix, size_t* count) {
+  return guarded([&] {
+    require(spec, "spec");
+    require(count, "count");
+    *count = hmoe::weight_scale_count(to_cpp(*spec), checked_enum<hmoe::WeightMatrix>(matrix, 2, "matrix"));
+  });
+}
+
+hmoe_status hmoe_quantize_weights(const hmoe_spec* spec, int matrix, const void* bf16_weights, void* fp8_weights,
+                                  float* scales, void* stream) {
+  return guarded([&] {
+    require(spec, "spec");
+    hmoe::quantize_weights(to_cpp(*spec), checked_enum<hmoe::WeightMatrix>(matrix, 2, "matrix"), bf16_weights,
+                           fp8_weights, scales, static_cast<cudaStream_t>(stream));
   });
 }
 

@@ -31,8 +31,11 @@ Plan choose_plan(const MoeSpec& spec, int num_tokens, Orientation orientation, c
   // then fill WGMMA's M side and the tokens are padded only to a multiple of 8 on N.
   plan.swap_ab = orientation == Orientation::kSwapAB ||
                  (orientation == Orientation::kAuto && tokens_per_expert <= 64.0);
+  const gemm::QuantKind quant = gemm::quant_kind(spec);
+  const bool fp8 = quant != gemm::QuantKind::kNone;
   if (plan.swap_ab) {
-    const int limit = orientation == Orientation::kSwapAB ? 128 : 64;
+    // FP8 Swap-AB tiles stop at 64 tokens (no 128-token FP8 Swap-AB variant is compiled).
+    const int limit = orientation == Orientation::kSwapAB && !fp8 ? 128 : 64;
     plan.token_tile = std::clamp(next_power_of_two(tokens_per_expert), kMinTokenTile, limit);
   } else {
     // 128×256 tiles (two consumer warpgroups) once an expert's tokens fill them; smaller experts
@@ -43,20 +46,24 @@ Plan choose_plan(const MoeSpec& spec, int num_tokens, Orientation orientation, c
   // 3–6% faster than 64 rows on qwen3-30b-a3b and mixtral-8x7b at T = 64…1024 (docs/PERF.md, v3).
   int weight_tile = 64;
   if (plan.swap_ab && plan.token_tile >= 16 && plan.token_tile <= 64) weight_tile = 128;
-  if (!plan.swap_ab) weight_tile = plan.token_tile == 128 ? 256 : 128;
-  // GEMM1 reads x rows in place (no gather launch) while the layer has few (token, slot) pairs.
-  const bool gather_in_gemm = plan.swap_ab && plan.token_tile == 8 &&
+  if (fp8 && plan.swap_ab && plan.token_tile >= 16) weight_tile = 128;
+  // Block scales promote a second accumulator: 128×256 tiles would not fit the register file.
+  if (!plan.swap_ab) weight_tile = plan.token_tile == 128 && quant != gemm::QuantKind::kBlockScale ? 256 : 128;
+  // GEMM1 reads x rows in place (no gather launch) while the layer has few (token, slot) pairs;
+  // FP8 rows are quantised by the gather kernel, so FP8 always gathers.
+  const bool gather_in_gemm = !fp8 && plan.swap_ab && plan.token_tile == 8 &&
                               static_cast<long long>(num_tokens) * spec.top_k <= kMaxInGemmGatherRows;
-  plan.gemm1 = gemm::find_gemm_variant(gemm::EpilogueKind::kSwiGlu, plan.swap_ab, plan.token_tile, weight_tile,
+  plan.gemm1 = gemm::find_gemm_variant(gemm::EpilogueKind::kSwiGlu, quant, plan.swap_ab, plan.token_tile, weight_tile,
                                        gather_in_gemm);
-  plan.gemm2 = gemm::find_gemm_variant(gemm::EpilogueKind::kRoutingWeight, plan.swap_ab, plan.token_tile, weight_tile);
+  plan.gemm2 =
+      gemm::find_gemm_variant(gemm::EpilogueKind::kRoutingWeight, quant, plan.swap_ab, plan.token_tile, weight_tile);
   if (plan.gemm1 == nullptr || plan.gemm2 == nullptr)
     throw Error("hmoe: no compiled GEMM variant for orientation " + std::string(plan.swap_ab ? "swap" : "normal") +
                 " with token tile " + std::to_string(plan.token_tile));
   return plan;
 }
 
-Plan batch_invariant_plan() {
+Plan batch_invariant_plan(const MoeSpec& spec) {
   // NOTE: one variant for every T is what makes the bits T-independent: a wgmma output row
   // depends only on its own operand row and the K order, which one variant fixes (RELIABILITY.md).
   // Normal orientation at 64 tokens is the smallest normal tile, so decode pads least.
@@ -66,7 +73,9 @@ Plan batch_invariant_plan() {
   plan.swap_ab = false;
   plan.token_tile = kTokenTile;
   for (const gemm::GemmVariant& variant : gemm::gemm_variants()) {
-    if (variant.swap_ab || variant.token_tile != kTokenTile || variant.weight_tile != kWeightTile) continue;
+    if (variant.swap_ab || variant.token_tile != kTokenTile || variant.weight_tile != kWeightTile ||
+        variant.quant != gemm::quant_kind(spec) || variant.gather_tokens)
+      continue;
     if (variant.epilogue == gemm::EpilogueKind::kSwiGlu) plan.gemm1 = &variant;
     if (variant.epilogue == gemm::EpilogueKind::kRoutingWeight) plan.gemm2 = &variant;
   }
@@ -77,7 +86,7 @@ Plan batch_invariant_plan() {
 }
 
 Plan plan_for(const MoeSpec& spec, int num_tokens, Orientation orientation, const PlanOverrides* overrides) {
-  return spec.batch_invariant ? batch_invariant_plan() : choose_plan(spec, num_tokens, orientation, overrides);
+  return spec.batch_invariant ? batch_invariant_plan(spec) : choose_plan(spec, num_tokens, orientation, overrides);
 }
 
 WorkspaceLayout workspace_layout(const MoeSpec& spec, int max_tokens) {
@@ -103,6 +112,19 @@ WorkspaceLayout workspace_layout(const MoeSpec& spec, int max_tokens) {
   layout.sorted_tokens = region(entries * 4);
   layout.sorted_rows = region(entries * spec.hidden * 2);
   layout.intermediate = region(entries * spec.intermediate * 2);
+  if (spec.weight_dtype == WeightDType::kFP8E4M3) {
+    // Scales of the quantised rows: per 1×128 group, per row, or one per tensor (+ its amax).
+    const auto scale_floats = [&](int cols) -> std::size_t {
+      switch (spec.scheme) {
+        case QuantScheme::kBlock128: return entries * (cols / 128);
+        case QuantScheme::kPerChannelPerToken: return entries;
+        default: return 2;
+      }
+    };
+    layout.x_scales = region(scale_floats(spec.hidden) * 4);
+    layout.intermediate_fp8 = region(entries * spec.intermediate);
+    layout.intermediate_scales = region(scale_floats(spec.intermediate) * 4);
+  }
   layout.total = offset;
   return layout;
 }

@@ -28,8 +28,8 @@ Plan choose_plan(const MoeSpec& spec, int num_tokens, Orientation orientation,
                  const PlanOverrides* overrides = nullptr);
 
 // The one plan of batch-invariant mode (MoeSpec::batch_invariant), whatever T: normal orientation,
-// 64-token × 128-weight-row tiles.
-Plan batch_invariant_plan();
+// 64-token × 128-weight-row tiles (of spec's dtype).
+Plan batch_invariant_plan(const MoeSpec& spec);
 
 // The plan of one run or chunk: batch_invariant_plan() when spec.batch_invariant, else choose_plan.
 Plan plan_for(const MoeSpec& spec, int num_tokens, Orientation orientation,
@@ -47,8 +47,13 @@ struct WorkspaceLayout {
   std::size_t slot_rows = 0;      // [T·k] int32
   std::size_t row_weights = 0;    // [T·k] fp32
   std::size_t sorted_tokens = 0;  // [T·k] int32: token of each expert-sorted row
-  std::size_t sorted_rows = 0;    // [T·k, H] bf16: gathered x, then (reused) GEMM2's output
+  std::size_t sorted_rows = 0;    // [T·k, H] bf16 (FP8: e4m3): gathered x, then (reused) GEMM2's bf16 output
   std::size_t intermediate = 0;   // [T·k, I] bf16: SwiGLU output
+  // FP8 layers only (0 otherwise): the scales of the quantised x rows, the re-quantised SwiGLU
+  // output and its scales. Per-tensor schemes keep [scale, amax] in their two floats.
+  std::size_t x_scales = 0;
+  std::size_t intermediate_fp8 = 0;       // [T·k, I] e4m3
+  std::size_t intermediate_scales = 0;
   std::size_t total = 0;
 };
 

@@ -7,7 +7,28 @@
 
 namespace hmoe::dispatch {
 
-GemmConstraints constraints_of(const gemm::GemmVariant&) { return GemmConstraints{}; }
+GemmConstraints constraints_of(const gemm::GemmVariant& variant) {
+  GemmConstraints constraints;
+  switch (variant.quant) {
+    case gemm::QuantKind::kNone: break;
+    case gemm::QuantKind::kEpilogueScale:
+      constraints.dtype = WeightDType::kFP8E4M3;
+      constraints.schemes = {QuantScheme::kPerTensor, QuantScheme::kPerChannelPerToken};
+      break;
+    case gemm::QuantKind::kBlockScale:
+      constraints.dtype = WeightDType::kFP8E4M3;
+      constraints.schemes = {QuantScheme::kBlock128};
+      constraints.dim_alignment = gemm::kScaleGroup;
+      break;
+  }
+  return constraints;
+}
+
+std::string GemmConstraints::scheme_names() const {
+  std::string names;
+  for (QuantScheme scheme : schemes) names += (names.empty() ? "" : "|") + to_string(scheme);
+  return names;
+}
 
 bool supports(const gemm::GemmVariant& variant, const MoeSpec& spec, std::string* why) {
   const GemmConstraints constraints = constraints_of(variant);
@@ -15,9 +36,11 @@ bool supports(const gemm::GemmVariant& variant, const MoeSpec& spec, std::string
     if (why != nullptr) *why = std::string(variant.name) + ": " + reason;
     return false;
   };
-  if (spec.weight_dtype != constraints.dtype || spec.scheme != constraints.scheme)
-    return fail("reads " + to_string(constraints.dtype) + " weights, the layer has " + to_string(spec.weight_dtype) +
-                (spec.scheme == QuantScheme::kNone ? "" : " (" + to_string(spec.scheme) + ")"));
+  const bool scheme_ok =
+      std::find(constraints.schemes.begin(), constraints.schemes.end(), spec.scheme) != constraints.schemes.end();
+  if (spec.weight_dtype != constraints.dtype || !scheme_ok)
+    return fail("reads " + to_string(constraints.dtype) + " weights (" + constraints.scheme_names() +
+                "), the layer has " + to_string(spec.weight_dtype) + " (" + to_string(spec.scheme) + ")");
   if (spec.hidden % constraints.dim_alignment != 0 || spec.intermediate % constraints.dim_alignment != 0)
     return fail("needs H and I to be multiples of " + std::to_string(constraints.dim_alignment) +
                 " (H = " + std::to_string(spec.hidden) + ", I = " + std::to_string(spec.intermediate) + ")");

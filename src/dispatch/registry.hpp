@@ -15,14 +15,14 @@ namespace hmoe::dispatch {
 // What a GEMM variant needs of the layer. Checked before any plan uses the variant.
 struct GemmConstraints {
   WeightDType dtype = WeightDType::kBF16;   // weights and activations it reads
-  QuantScheme scheme = QuantScheme::kNone;
+  std::vector<QuantScheme> schemes = {QuantScheme::kNone};   // the schemes whose scales it applies
+  std::string scheme_names() const;          // "fp8-tensor|fp8-channel"
   // H and I must be multiples of this: the prepared w13 interleaves gate/up rows in groups of 16, TMA
   // rows must be 16-byte multiples, and 64 keeps every K block whole (kBlockK).
   int dim_alignment = kDimAlignment;
 };
 
-// NOTE: cmake/kernels.cmake has no dtype column yet: every generated variant reads bf16. The FP8
-// variants will add one, and this is the one place that maps it.
+// Maps the quant column of cmake/kernels.cmake to dtypes, schemes and alignment.
 GemmConstraints constraints_of(const gemm::GemmVariant& variant);
 
 // True when variant can run a layer of spec; otherwise false and, when why is set, the reason.

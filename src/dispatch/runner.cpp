@@ -15,6 +15,7 @@
 #include "dispatch/tuned_table.hpp"
 #include "hmoe/hmoe.hpp"
 #include "permute/permute.hpp"
+#include "quant/activations.hpp"
 #include "routing/routing.hpp"
 
 namespace hmoe {
@@ -121,6 +122,7 @@ MoeRunner::MoeRunner(const MoeSpec& spec, const PlanOptions& options) : spec_(sp
 void MoeRunner::prepare_kernels() const {
   routing::prepare(spec_);
   permute::prepare();
+  if (spec_.weight_dtype == WeightDType::kFP8E4M3) quant::prepare();
   combine::prepare();
   gemm::prepare_tensor_maps();
   for (const gemm::GemmVariant& variant : gemm::gemm_variants()) variant.prepare();
@@ -153,6 +155,17 @@ void MoeRunner::check_args(const RunArgs& args) const {
   require_alignment(args.weights.correction_bias, "RunArgs.weights.correction_bias", 4);
   require_alignment(args.invalid_id_count, "RunArgs.invalid_id_count", 4);
   require_pointer(args.workspace, "RunArgs.workspace", 256);
+  if (spec_.weight_dtype == WeightDType::kFP8E4M3) {
+    require_pointer(args.weights.w13_scale, "RunArgs.weights.w13_scale", 4);
+    require_pointer(args.weights.w2_scale, "RunArgs.weights.w2_scale", 4);
+  } else if (args.weights.w13_scale != nullptr || args.weights.w2_scale != nullptr) {
+    throw Error("hmoe: RunArgs.weights.w13_scale/w2_scale are set for a bf16 layer: expected nullptr (FP8 only)");
+  }
+  if (spec_.scheme != QuantScheme::kPerTensor && (args.act_scale != nullptr || args.intermediate_act_scale != nullptr))
+    throw Error("hmoe: RunArgs.act_scale/intermediate_act_scale are set for scheme " + to_string(spec_.scheme) +
+                ": expected nullptr (static activation scales exist for fp8-tensor only)");
+  require_alignment(args.act_scale, "RunArgs.act_scale", 4);
+  require_alignment(args.intermediate_act_scale, "RunArgs.intermediate_act_scale", 4);
   if (args.workspace_size < workspace_bytes_)
     throw Error("hmoe: RunArgs.workspace_size = " + std::to_string(args.workspace_size) + ": expected at least " +
                 std::to_string(workspace_bytes_) + " (MoeRunner::workspace_bytes())");
@@ -172,7 +185,11 @@ void MoeRunner::run_from_logits(const RunArgs& args, const void* router_logits, 
                     {"router_logits", router_logits, tokens * spec_.num_experts * logit_bytes},
                     {"RunArgs.weights.correction_bias", grouped ? args.weights.correction_bias : nullptr,
                      static_cast<std::size_t>(spec_.num_experts) * 4},
-                    {"RunArgs.invalid_id_count", args.invalid_id_count, 4}});
+                    {"RunArgs.invalid_id_count", args.invalid_id_count, 4},
+                    {"RunArgs.weights.w13_scale", args.weights.w13_scale, scale_bytes(WeightMatrix::kW13)},
+                    {"RunArgs.weights.w2_scale", args.weights.w2_scale, scale_bytes(WeightMatrix::kW2)},
+                    {"RunArgs.act_scale", args.act_scale, 4},
+                    {"RunArgs.intermediate_act_scale", args.intermediate_act_scale, 4}});
   if (args.num_tokens == 0) return;
   const dispatch::WorkspaceLayout layout = dispatch::workspace_layout(spec_, chunk_tokens_);
   int* topk_ids = at<int>(args.workspace, layout.topk_ids);
@@ -204,7 +221,11 @@ void MoeRunner::run_from_topk(const RunArgs& args, const std::int32_t* topk_ids,
                     {"RunArgs.x", args.x, tokens * row_bytes},
                     {"topk_ids", topk_ids, tokens * slot_bytes},
                     {"topk_weights", topk_weights, tokens * slot_bytes},
-                    {"RunArgs.invalid_id_count", args.invalid_id_count, 4}});
+                    {"RunArgs.invalid_id_count", args.invalid_id_count, 4},
+                    {"RunArgs.weights.w13_scale", args.weights.w13_scale, scale_bytes(WeightMatrix::kW13)},
+                    {"RunArgs.weights.w2_scale", args.weights.w2_scale, scale_bytes(WeightMatrix::kW2)},
+                    {"RunArgs.act_scale", args.act_scale, 4},
+                    {"RunArgs.intermediate_act_scale", args.intermediate_act_scale, 4}});
   if (args.num_tokens == 0) return;
   const int sms = device_sm_count();
   for (int first = 0; first < args.num_tokens; first += chunk_tokens_) {
@@ -216,6 +237,8 @@ void MoeRunner::run_from_topk(const RunArgs& args, const std::int32_t* topk_ids,
     run_experts(chunk, advance(topk_ids, slots_before), advance(topk_weights, slots_before), sms, stream);
   }
 }
+
+std::size_t MoeRunner::scale_bytes(WeightMatrix matrix) const { return weight_scale_count(spec_, matrix) * 4; }
 
 // One chunk (the whole run when unchunked): permute → GEMM1 → GEMM2 → combine, with its own plan.
 void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights,
@@ -235,10 +258,25 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   buffers.row_weights = at<float>(args.workspace, layout.row_weights);
   buffers.sorted_tokens = at<int>(args.workspace, layout.sorted_tokens);
   buffers.sorted_x = at<void>(args.workspace, layout.sorted_rows);
+  const bool fp8 = spec_.weight_dtype == WeightDType::kFP8E4M3;
   const bool gemm_gathers = plan.gemm1->gather_tokens;
   permute::launch_permute(topk_ids, topk_weights, args.x, tokens, spec_.top_k, spec_.num_experts, spec_.hidden,
-                          plan.token_tile, !gemm_gathers, buffers, args.invalid_id_count, stream);
+                          plan.token_tile, !gemm_gathers && !fp8, buffers, args.invalid_id_count, stream);
   void* sorted_rows = buffers.sorted_x;
+  // The valid expert-sorted rows: (token, slot) pairs with an id in [0, E).
+  const int* valid_rows = buffers.expert_offsets + spec_.num_experts;
+  float* x_scales = fp8 ? at<float>(args.workspace, layout.x_scales) : nullptr;
+  if (fp8) {
+    // FP8: the gather quantises each x row into the sorted rows (one read of x, one e4m3 write).
+    quant::ActivationRows rows;
+    rows.source = args.x;
+    rows.source_row = buffers.sorted_tokens;
+    rows.num_rows = valid_rows;
+    rows.max_rows = entries;
+    rows.cols = spec_.hidden;
+    rows.amax_rows = tokens;
+    quant::launch_quantize_rows(spec_, rows, args.act_scale, buffers.sorted_x, x_scales, stream);
+  }
 
   const WorkList work{buffers.num_tiles, buffers.tiles};
   const int max_tiles = max_token_tiles(entries, spec_.num_experts, plan.token_tile);
@@ -257,11 +295,31 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   gemm1.out = intermediate;
   gemm1.out_cols = spec_.intermediate;
   gemm1.num_sms = num_sms;
+  gemm1.weight_scale = args.weights.w13_scale;
+  gemm1.token_scale = x_scales;
+  gemm1.per_row_scales = spec_.scheme == QuantScheme::kPerChannelPerToken;
   plan.gemm1->launch(gemm1, stream);
+
+  const void* gemm2_tokens = intermediate;
+  const float* intermediate_scales = nullptr;
+  if (fp8) {
+    // NOTE: GEMM1 stores the SwiGLU output as bf16 and this pass re-quantises it (the reference
+    // rounds to bf16 first too); fusing it into GEMM1's epilogue is future work (docs/FP8.md).
+    void* intermediate_fp8 = at<void>(args.workspace, layout.intermediate_fp8);
+    float* scales = at<float>(args.workspace, layout.intermediate_scales);
+    quant::ActivationRows rows;
+    rows.source = intermediate;
+    rows.num_rows = valid_rows;
+    rows.max_rows = entries;
+    rows.cols = spec_.intermediate;
+    quant::launch_quantize_rows(spec_, rows, args.intermediate_act_scale, intermediate_fp8, scales, stream);
+    gemm2_tokens = intermediate_fp8;
+    intermediate_scales = scales;
+  }
 
   // GEMM2 writes over the gathered x rows: GEMM1, earlier on the stream, no longer needs them.
   gemm::GemmLaunch gemm2 = gemm1;
-  gemm2.tokens = intermediate;
+  gemm2.tokens = gemm2_tokens;
   gemm2.token_rows = entries;
   gemm2.token_index = nullptr;
   gemm2.weights = args.weights.w2;
@@ -270,6 +328,8 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   gemm2.out = sorted_rows;
   gemm2.out_cols = spec_.hidden;
   gemm2.row_weights = buffers.row_weights;
+  gemm2.weight_scale = args.weights.w2_scale;
+  gemm2.token_scale = intermediate_scales;
   plan.gemm2->launch(gemm2, stream);
 
   combine::launch_combine(sorted_rows, buffers.slot_rows, tokens, spec_.top_k, spec_.hidden, args.out, stream);

@@ -118,7 +118,12 @@ const TunedBucket& TunedTable::bucket_for(int num_tokens) const {
 }
 
 std::string tuned_dtype_tag(const MoeSpec& spec) {
-  return spec.weight_dtype == WeightDType::kBF16 ? "bf16" : "fp8_w8a8";
+  // vLLM's tags: "fp8_w8a8" for every FP8 scheme; hmoe tells per-channel apart (its kernels differ).
+  switch (spec.scheme) {
+    case QuantScheme::kNone: return "bf16";
+    case QuantScheme::kPerChannelPerToken: return "fp8_w8a8_per_channel";
+    default: return "fp8_w8a8";
+  }
 }
 
 std::string tuned_device_tag(std::string_view device_name) {
@@ -130,7 +135,8 @@ std::string tuned_device_tag(std::string_view device_name) {
 std::string tuned_file_name(const MoeSpec& spec, std::string_view device_name) {
   return "E=" + std::to_string(spec.num_experts) + ",N=" + std::to_string(spec.intermediate) +
          ",K=" + std::to_string(spec.hidden) + ",device_name=" + tuned_device_tag(device_name) +
-         ",dtype=" + tuned_dtype_tag(spec) + ".json";
+         ",dtype=" + tuned_dtype_tag(spec) + (spec.scheme == QuantScheme::kBlock128 ? ",block_shape=[128,128]" : "") +
+         ".json";
 }
 
 std::vector<std::string> tuned_search_dirs() {

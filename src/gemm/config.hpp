@@ -19,16 +19,37 @@ enum class EpilogueKind {
 // WGMMA's N side, rows r and r+8 when they are its M side), so the epilogue needs no exchange.
 inline constexpr int kSwiGluGroupRows = 16;
 
-inline constexpr int kBlockK = 64;   // bf16 elements per 128-byte swizzled row
+// The checkpoint row (0..I-1 gate, I..2I-1 up) that prepared w13 row `row` of an expert holds.
+__host__ __device__ constexpr int swiglu_source_row(int row, int intermediate) {
+  const int group = row / kSwiGluGroupRows, within = row % kSwiGluGroupRows, half = kSwiGluGroupRows / 2;
+  return within < half ? group * half + within : intermediate + group * half + (within - half);
+}
+
+// What the operands hold and where their FP8 scales are applied.
+enum class QuantKind {
+  kNone,            // bf16 operands
+  kEpilogueScale,   // e4m3 operands, one scale per weight row (or per expert) × one per token (or per
+                    // tensor): applied once to the fp32 accumulator before the epilogue
+  kBlockScale,      // e4m3 operands, 128×128 weight blocks × 1×128 token groups: each 128-wide K block
+                    // is accumulated apart and promoted into the total with its two scales
+};
+
+inline constexpr int kTileRowBytes = 128;   // one swizzled shared-memory row: 64 bf16 or 128 e4m3
+inline constexpr int kScaleGroup = 128;     // K (and weight rows) per FP8 block scale
 
 template <EpilogueKind kEpilogue_, bool kSwapAB_, int kTokenTile_, int kWeightTile_, int kStages_,
-          bool kGatherTokens_ = false>
+          bool kGatherTokens_ = false, QuantKind kQuant_ = QuantKind::kNone>
 struct GemmConfig {
   static constexpr EpilogueKind kEpilogue = kEpilogue_;
   static constexpr bool kSwapAB = kSwapAB_;
   static constexpr int kTokenTile = kTokenTile_;     // token rows per tile
   static constexpr int kWeightTile = kWeightTile_;   // weight rows per tile
   static constexpr int kStages = kStages_;
+  static constexpr QuantKind kQuant = kQuant_;
+  static constexpr bool kFp8 = kQuant != QuantKind::kNone;
+  static constexpr int kElementBytes = kFp8 ? 1 : 2;
+  // K elements per stage: one 128-byte row (for FP8 exactly one block-scale group).
+  static constexpr int kBlockK = kTileRowBytes / kElementBytes;
   // WGMMA's A operand: 64 rows per consumer warpgroup; B is the other operand, shared by them.
   static constexpr int kTileM = kSwapAB ? kWeightTile : kTokenTile;
   static constexpr int kTileN = kSwapAB ? kTokenTile : kWeightTile;
@@ -39,10 +60,14 @@ struct GemmConfig {
   // 2.8× slower (docs/PERF.md, v3), so only small token tiles gather.
   static constexpr bool kGatherTokens = kGatherTokens_;
   static_assert(!kGatherTokens || kEpilogue == EpilogueKind::kSwiGlu, "only GEMM1 reads x");
+  static_assert(!kGatherTokens || !kFp8, "FP8 rows are quantised by the gather kernel, never read from x");
+  // NOTE: block scales are applied per 128 K, so a K block must not straddle two weight blocks
+  // and the tile's weight rows must fall in one 128-row block per SwiGLU half (weight tile ≤ 128).
+  static_assert(kQuant != QuantKind::kBlockScale || kWeightTile <= kScaleGroup, "one weight scale block per tile half");
   static_assert(kTileM == 64 || kTileM == 128, "one or two consumer warpgroups of 64 rows each");
   static_assert(kTileN % 8 == 0 && kTileN >= 8 && kTileN <= 256, "wgmma N is a multiple of 8 up to 256");
-  static constexpr int kABytes = kTileM * kBlockK * 2;
-  static constexpr int kBBytes = kTileN * kBlockK * 2;
+  static constexpr int kABytes = kTileM * kTileRowBytes;
+  static constexpr int kBBytes = kTileN * kTileRowBytes;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "swizzle atoms are 1024 bytes");
   // + 1024 to align the dynamic buffer, + the barriers.
@@ -50,7 +75,7 @@ struct GemmConfig {
   static constexpr int kThreads = 128 * (kConsumers + 1);  // consumer warpgroup(s) + producer warpgroup
 };
 
-// One launch: tokens [token_rows, K] (expert-sorted), weights [experts × weight_rows, K].
+// One launch: tokens [token_rows, K] (expert-sorted), weights [experts × weight_rows, K], bf16 or e4m3.
 struct GemmLaunch {
   const void* tokens = nullptr;
   int token_rows = 0;            // rows in the token buffer (TMA bound)
@@ -65,6 +90,12 @@ struct GemmLaunch {
   int out_cols = 0;
   const float* row_weights = nullptr;  // [token_rows], kRoutingWeight only
   int num_sms = 0;
+  // FP8 variants: dequantisation scales (QuantScheme layouts: weights per expert [E], per row
+  // [E, N] or per block [E, N/128, K/128]; tokens per tensor [1], per row [token_rows] or per
+  // 1×128 group [token_rows, K/128]).
+  const float* weight_scale = nullptr;
+  const float* token_scale = nullptr;
+  bool per_row_scales = false;   // kEpilogueScale: per-channel × per-token (else per-tensor)
 };
 
 }  // namespace hmoe::gemm

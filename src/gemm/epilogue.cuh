@@ -19,12 +19,13 @@ struct EpilogueArgs {
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 
-template <class Config>
+template <class Config, EpilogueKind = Config::kEpilogue>
 struct Epilogue;
 
-template <bool kSwapAB, int kTokenTile, int kWeightTile, int kStages, bool kGatherTokens>
-struct Epilogue<GemmConfig<EpilogueKind::kSwiGlu, kSwapAB, kTokenTile, kWeightTile, kStages, kGatherTokens>> {
-  using Config = GemmConfig<EpilogueKind::kSwiGlu, kSwapAB, kTokenTile, kWeightTile, kStages, kGatherTokens>;
+template <class Config>
+struct Epilogue<Config, EpilogueKind::kSwiGlu> {
+  static constexpr bool kSwapAB = Config::kSwapAB;
+  static constexpr int kWeightTile = Config::kWeightTile;
 
   static __device__ void apply(const float (&acc)[Config::kTileN / 2], const WorkItem& item,
                                const EpilogueArgs& args) {
@@ -65,9 +66,10 @@ struct Epilogue<GemmConfig<EpilogueKind::kSwiGlu, kSwapAB, kTokenTile, kWeightTi
   }
 };
 
-template <bool kSwapAB, int kTokenTile, int kWeightTile, int kStages, bool kGatherTokens>
-struct Epilogue<GemmConfig<EpilogueKind::kRoutingWeight, kSwapAB, kTokenTile, kWeightTile, kStages, kGatherTokens>> {
-  using Config = GemmConfig<EpilogueKind::kRoutingWeight, kSwapAB, kTokenTile, kWeightTile, kStages, kGatherTokens>;
+template <class Config>
+struct Epilogue<Config, EpilogueKind::kRoutingWeight> {
+  static constexpr bool kSwapAB = Config::kSwapAB;
+  static constexpr int kWeightTile = Config::kWeightTile;
 
   static __device__ void apply(const float (&acc)[Config::kTileN / 2], const WorkItem& item,
                                const EpilogueArgs& args) {

@@ -9,6 +9,7 @@
 #include "gemm/config.hpp"
 #include "gemm/epilogue.cuh"
 #include "gemm/mainloop.cuh"
+#include "gemm/scales.cuh"
 #include "gemm/scheduler.cuh"
 #include "gemm/tensor_map.hpp"
 
@@ -17,13 +18,14 @@
 namespace hmoe::gemm {
 
 struct KernelArgs {
-  CUtensorMap token_map;     // [token_rows, K] bf16, box {64, kTokenTile} ({64, 1} when gathering)
-  CUtensorMap weight_map;    // [experts·weight_rows, K] bf16, box {64, kWeightTile}
+  CUtensorMap token_map;     // [token_rows, K], box {kBlockK, kTokenTile} ({kBlockK, 1} when gathering)
+  CUtensorMap weight_map;    // [experts·weight_rows, K], box {kBlockK, kWeightTile}
   WorkList work;
   const int* token_index;    // gathering variants only
   int weight_tiles;
   int k_blocks;
   EpilogueArgs epilogue;
+  ScaleArgs scales;          // FP8 variants only
 };
 
 template <class Config>
@@ -63,7 +65,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1) expert_gemm_kernel(const 
   WorkItem item;
   float accumulator[Config::kTileN / 2];
   while (scheduler.next(item)) {
-    consume<Config>(smem, state, args.k_blocks, accumulator);
+    if constexpr (Config::kQuant == QuantKind::kBlockScale) {
+      consume_promoted<Config>(smem, state, args.k_blocks, accumulator, BlockScales<Config>(item, args.scales));
+    } else if constexpr (Config::kQuant == QuantKind::kEpilogueScale) {
+      consume_promoted<Config>(smem, state, args.k_blocks, accumulator, PlainPromotion<Config>{});
+      apply_epilogue_scales<Config>(accumulator, item, args.scales);
+    } else {
+      consume<Config>(smem, state, args.k_blocks, accumulator);
+    }
     Epilogue<Config>::apply(accumulator, item, args.epilogue);
   }
 }
@@ -90,6 +99,10 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream) {
     throw Error("hmoe: expert GEMM needs K % 8 == 0 and an even output width (K = " + std::to_string(launch.k) + ")");
   if (Config::kGatherTokens != (launch.token_index != nullptr))
     throw Error("hmoe: expert GEMM variant and launch disagree on gathering token rows");
+  if (Config::kFp8 && (launch.weight_scale == nullptr || launch.token_scale == nullptr))
+    throw Error("hmoe: FP8 expert GEMM launched without weight or token scales");
+  if (Config::kQuant == QuantKind::kBlockScale && launch.k % kScaleGroup != 0)
+    throw Error("hmoe: block-scaled expert GEMM needs K % 128 == 0 (K = " + std::to_string(launch.k) + ")");
   // 2. Grid: persistent, as many CTAs as fit on the chip but no more than there can be work items.
   const int weight_tiles = (launch.weight_rows + Config::kWeightTile - 1) / Config::kWeightTile;
   const long long max_items = static_cast<long long>(launch.max_tiles) * weight_tiles;
@@ -97,15 +110,17 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream) {
   if (grid <= 0) return;
   // 3. TMA descriptors.
   KernelArgs args;
-  args.token_map =
-      make_tensor_map(launch.tokens, launch.token_rows, launch.k, Config::kGatherTokens ? 1 : Config::kTokenTile);
+  args.token_map = make_tensor_map(launch.tokens, launch.token_rows, launch.k,
+                                   Config::kGatherTokens ? 1 : Config::kTokenTile, Config::kElementBytes);
   args.weight_map = make_tensor_map(launch.weights, static_cast<long long>(launch.experts) * launch.weight_rows,
-                                    launch.k, Config::kWeightTile);
+                                    launch.k, Config::kWeightTile, Config::kElementBytes);
   args.work = launch.work;
   args.token_index = launch.token_index;
   args.weight_tiles = weight_tiles;
-  args.k_blocks = (launch.k + kBlockK - 1) / kBlockK;
+  args.k_blocks = (launch.k + Config::kBlockK - 1) / Config::kBlockK;
   args.epilogue = EpilogueArgs{launch.out, launch.out_cols, launch.weight_rows, launch.row_weights};
+  args.scales = ScaleArgs{launch.weight_scale, launch.token_scale, launch.per_row_scales, launch.weight_rows,
+                          launch.k / kScaleGroup};
   // 4. Launch.
   expert_gemm_kernel<Config><<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(args);
   HMOE_CUDA_CHECK(cudaGetLastError());

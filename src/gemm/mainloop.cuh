@@ -42,7 +42,8 @@ __device__ void produce(const SharedStorage<Config>& smem, const CUtensorMap* to
                         const CUtensorMap* weight_map, const int* token_index, PersistentScheduler scheduler,
                         int weight_rows, int k_blocks) {
   constexpr int kRowsPerLane = (Config::kTokenTile + 31) / 32;
-  constexpr int kRowBytes = kBlockK * 2;
+  constexpr int kRowBytes = kTileRowBytes;
+  constexpr int kBlockK = Config::kBlockK;
   constexpr int kWeightBytes = Config::kWeightTile * kRowBytes;
   const int lane = threadIdx.x % 32;
   PipelineState state;
@@ -85,26 +86,48 @@ __device__ void produce(const SharedStorage<Config>& smem, const CUtensorMap* to
   }
 }
 
-template <int kTileN>
+template <int kTileN, bool kFp8>
 struct Wgmma;
-#define HMOE_WGMMA_BF16(N) \
-  template <>              \
-  struct Wgmma<N> {        \
+#define HMOE_WGMMA(N)                                                                                                  \
+  template <>                                                                                                          \
+  struct Wgmma<N, false> {                                                                                             \
     using Op = cute::SM90::GMMA::MMA_64x##N##x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>; \
+  };                                                                                                                   \
+  template <>                                                                                                          \
+  struct Wgmma<N, true> {                                                                                              \
+    using Op = cute::SM90::GMMA::MMA_64x##N##x32_F32E4M3E4M3_SS_TN<>;                                                  \
   };
-HMOE_WGMMA_BF16(8)
-HMOE_WGMMA_BF16(16)
-HMOE_WGMMA_BF16(32)
-HMOE_WGMMA_BF16(64)
-HMOE_WGMMA_BF16(128)
-HMOE_WGMMA_BF16(256)
-#undef HMOE_WGMMA_BF16
+HMOE_WGMMA(8)
+HMOE_WGMMA(16)
+HMOE_WGMMA(32)
+HMOE_WGMMA(64)
+HMOE_WGMMA(128)
+HMOE_WGMMA(256)
+#undef HMOE_WGMMA
 
-template <int kTileN, std::size_t... kIndex>
-__device__ __forceinline__ void wgmma_bf16(std::uint64_t a, std::uint64_t b, float* accumulator,
-                                           bool accumulate, std::index_sequence<kIndex...>) {
-  Wgmma<kTileN>::Op::fma(a, b, accumulator[kIndex]...,
-                         accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+template <int kTileN, bool kFp8, std::size_t... kIndex>
+__device__ __forceinline__ void wgmma(std::uint64_t a, std::uint64_t b, float* accumulator, bool accumulate,
+                                      std::index_sequence<kIndex...>) {
+  Wgmma<kTileN, kFp8>::Op::fma(a, b, accumulator[kIndex]...,
+                               accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+}
+
+// Issues one stage's wgmma batch (one 128-byte K row: 4 × k16 bf16 or 4 × k32 e4m3) for this
+// warpgroup's 64 rows of A. NOTE: either way a k step is 32 bytes = 2 units of the descriptor's
+// 16-byte address field.
+template <class Config>
+__device__ __forceinline__ void issue_stage(const SharedStorage<Config>& smem, int stage, float* accumulator,
+                                            bool accumulate) {
+  constexpr int kFragment = Config::kTileN / 2;
+  constexpr int kSteps = kTileRowBytes / 32;
+  // Each consumer warpgroup multiplies its own 64 rows of A (64 rows × 128 B = 8 KB apart).
+  const std::uint64_t a = ptx::sw128_kmajor_descriptor(smem.a_tile(stage) + (threadIdx.x / 128) * 64 * kTileRowBytes);
+  const std::uint64_t b = ptx::sw128_kmajor_descriptor(smem.b_tile(stage));
+  #pragma unroll
+  for (int k_step = 0; k_step < kSteps; ++k_step) {
+    wgmma<Config::kTileN, Config::kFp8>(a + 2 * k_step, b + 2 * k_step, accumulator, accumulate || k_step > 0,
+                                        std::make_index_sequence<kFragment>{});
+  }
 }
 
 // Accumulates this warpgroup's 64 rows of one work item's [kTileM × kTileN] product over K into
@@ -121,15 +144,7 @@ __device__ void consume(const SharedStorage<Config>& smem, PipelineState& state,
     #pragma unroll
     for (int i = 0; i < kFragment; ++i) cute::warpgroup_fence_operand(accumulator[i]);
     cute::warpgroup_arrive();
-    // Each consumer warpgroup multiplies its own 64 rows of A (64 rows × 128 B = 8 KB apart).
-    const std::uint64_t a = ptx::sw128_kmajor_descriptor(smem.a_tile(state.stage) + (threadIdx.x / 128) * 64 * 128);
-    const std::uint64_t b = ptx::sw128_kmajor_descriptor(smem.b_tile(state.stage));
-    #pragma unroll
-    for (int k_step = 0; k_step < kBlockK / 16; ++k_step) {
-      // 16 bf16 = 32 bytes = 2 units of the descriptor's 16-byte address field.
-      wgmma_bf16<Config::kTileN>(a + 2 * k_step, b + 2 * k_step, accumulator, k_block > 0 || k_step > 0,
-                                 std::make_index_sequence<kFragment>{});
-    }
+    issue_stage<Config>(smem, state.stage, accumulator, k_block > 0);
     cute::warpgroup_commit_batch();
     // Keep one batch in flight: once the previous stage's batch retires, hand its buffer back.
     cute::warpgroup_wait<1>();
@@ -143,6 +158,35 @@ __device__ void consume(const SharedStorage<Config>& smem, PipelineState& state,
   #pragma unroll
   for (int i = 0; i < kFragment; ++i) cute::warpgroup_fence_operand(accumulator[i]);
   if (previous_stage >= 0 && warp_leader) ptx::Barrier::arrive(&smem.empty[previous_stage]);
+}
+
+// FP8: each K block (one stage, 128 K) is multiplied into `partial`, then promoted into the fp32
+// `accumulator` by `promotion.promote(k_block, partial, accumulator)` — with its weight-block ×
+// token-group scale for 128×128 block scales, as is otherwise (scales.cuh says why). NOTE: the
+// promotion needs the block's wgmma retired, so each stage waits for its own batch; the second
+// consumer warpgroup and the producer's stages in flight keep the tensor cores busy meanwhile.
+template <class Config, class Promotion>
+__device__ void consume_promoted(const SharedStorage<Config>& smem, PipelineState& state, int k_blocks,
+                                 float (&accumulator)[Config::kTileN / 2], const Promotion& promotion) {
+  constexpr int kFragment = Config::kTileN / 2;
+  const bool warp_leader = (threadIdx.x % 32) == 0;
+  float partial[kFragment];
+  #pragma unroll
+  for (int i = 0; i < kFragment; ++i) accumulator[i] = 0.0f;
+  for (int k_block = 0; k_block < k_blocks; ++k_block) {
+    ptx::Barrier::wait(&smem.full[state.stage], state.phase);
+    #pragma unroll
+    for (int i = 0; i < kFragment; ++i) cute::warpgroup_fence_operand(partial[i]);
+    cute::warpgroup_arrive();
+    issue_stage<Config>(smem, state.stage, partial, false);
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<0>();
+    #pragma unroll
+    for (int i = 0; i < kFragment; ++i) cute::warpgroup_fence_operand(partial[i]);
+    if (warp_leader) ptx::Barrier::arrive(&smem.empty[state.stage]);
+    state.advance<Config::kStages>();
+    promotion.promote(k_block, partial, accumulator);
+  }
 }
 
 }  // namespace hmoe::gemm

@@ -32,20 +32,21 @@ EncodeTiled tensor_map_encoder() {
 
 void prepare_tensor_maps() { tensor_map_encoder(); }
 
-CUtensorMap make_tensor_map(const void* base, long long rows, int cols, int box_rows) {
+CUtensorMap make_tensor_map(const void* base, long long rows, int cols, int box_rows, int element_bytes) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBlockK), static_cast<cuuint32_t>(box_rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * element_bytes};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kTileRowBytes / element_bytes), static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[2] = {1, 1};
+  const bool fp8 = element_bytes == 1;
   const CUresult status = tensor_map_encoder()(
-      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      &map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims,
+      strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (status != CUDA_SUCCESS)
     throw Error("hmoe: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(static_cast<int>(status)) +
-                ") for a [" + std::to_string(rows) + ", " + std::to_string(cols) + "] bf16 matrix, box rows " +
-                std::to_string(box_rows));
+                ") for a [" + std::to_string(rows) + ", " + std::to_string(cols) + "] " + (fp8 ? "e4m3" : "bf16") +
+                " matrix, box rows " + std::to_string(box_rows));
   return map;
 }
 

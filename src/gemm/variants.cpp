@@ -8,7 +8,7 @@
 
 namespace hmoe::gemm {
 
-#define HMOE_GEMM_VARIANT(name, epilogue, swap_ab, token_tile, weight_tile, stages, gather) \
+#define HMOE_GEMM_VARIANT(name, epilogue, swap_ab, token_tile, weight_tile, stages, gather, quant) \
   void launch_##name(const GemmLaunch&, cudaStream_t);                                       \
   void prepare_##name();
 #include "gemm_variants.inc"
@@ -16,22 +16,33 @@ namespace hmoe::gemm {
 
 std::span<const GemmVariant> gemm_variants() {
   static const GemmVariant table[] = {
-#define HMOE_GEMM_VARIANT(name, epilogue, swap_ab, token_tile, weight_tile, stages, gather) \
-  {#name, EpilogueKind::epilogue, swap_ab, token_tile, weight_tile, stages, gather, &launch_##name, &prepare_##name},
+#define HMOE_GEMM_VARIANT(name, epilogue, swap_ab, token_tile, weight_tile, stages, gather, quant)              \
+  {#name, EpilogueKind::epilogue, swap_ab, token_tile, weight_tile, stages, gather, QuantKind::quant, &launch_##name, \
+   &prepare_##name},
 #include "gemm_variants.inc"
 #undef HMOE_GEMM_VARIANT
   };
   return table;
 }
 
-const GemmVariant* find_gemm_variant(EpilogueKind epilogue, bool swap_ab, int token_tile, int weight_tile,
-                                     bool gather_tokens) {
+const GemmVariant* find_gemm_variant(EpilogueKind epilogue, QuantKind quant, bool swap_ab, int token_tile,
+                                     int weight_tile, bool gather_tokens) {
   for (const GemmVariant& variant : gemm_variants()) {
-    if (variant.epilogue == epilogue && variant.swap_ab == swap_ab && variant.token_tile == token_tile &&
-        variant.weight_tile == weight_tile && variant.gather_tokens == gather_tokens)
+    if (variant.epilogue == epilogue && variant.quant == quant && variant.swap_ab == swap_ab &&
+        variant.token_tile == token_tile && variant.weight_tile == weight_tile && variant.gather_tokens == gather_tokens)
       return &variant;
   }
   return nullptr;
+}
+
+QuantKind quant_kind(const MoeSpec& spec) {
+  switch (spec.scheme) {
+    case QuantScheme::kNone: return QuantKind::kNone;
+    case QuantScheme::kPerTensor:
+    case QuantScheme::kPerChannelPerToken: return QuantKind::kEpilogueScale;
+    case QuantScheme::kBlock128: return QuantKind::kBlockScale;
+  }
+  return QuantKind::kNone;
 }
 
 }  // namespace hmoe::gemm

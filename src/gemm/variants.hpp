@@ -7,6 +7,7 @@
 #include <span>
 
 #include "gemm/config.hpp"
+#include "hmoe/hmoe.hpp"
 
 namespace hmoe::gemm {
 
@@ -18,6 +19,7 @@ struct GemmVariant {
   int weight_tile;
   int stages;
   bool gather_tokens;   // reads x rows through the row → token index (GemmLaunch::token_index)
+  QuantKind quant;      // bf16, or e4m3 with epilogue or per-K-block scales
   void (*launch)(const GemmLaunch&, cudaStream_t);
   void (*prepare)();    // one-time setup (shared-memory limit, occupancy, module load); launch does it too
 };
@@ -25,7 +27,10 @@ struct GemmVariant {
 std::span<const GemmVariant> gemm_variants();
 
 // The variant with exactly these properties, or nullptr.
-const GemmVariant* find_gemm_variant(EpilogueKind epilogue, bool swap_ab, int token_tile, int weight_tile,
-                                     bool gather_tokens = false);
+const GemmVariant* find_gemm_variant(EpilogueKind epilogue, QuantKind quant, bool swap_ab, int token_tile,
+                                     int weight_tile, bool gather_tokens = false);
+
+// How a layer of spec is quantised, as the GEMM variants see it.
+QuantKind quant_kind(const MoeSpec& spec);
 
 }  // namespace hmoe::gemm

@@ -168,6 +168,12 @@ void check_fp8_layer(const MoeSpec& spec, const Fp8Layer& layer) {
   check(layer.w2, "w2", spec.hidden, spec.intermediate);
 }
 
+// The SwiGLU output as the GPU stores it before re-quantising: rounded to bf16.
+std::vector<double> rounded_to_bf16(std::vector<double> values) {
+  for (double& value : values) value = bf16_to_float(float_to_bf16(static_cast<float>(value)));
+  return values;
+}
+
 float amax_as_float(const std::vector<double>& values) {
   float amax = 0.0f;
   for (double value : values) amax = std::max(amax, std::fabs(static_cast<float>(value)));
@@ -236,13 +242,15 @@ std::vector<double> moe_layer(const MoeSpec& spec, const Fp8Layer& layer, const 
       std::vector<int> batch;
       for (int t = first; t < std::min(routing.num_tokens, first + kAmaxTokenBatch); ++t) batch.push_back(t);
       const std::vector<RoutedSlot> batch_slots = routed_slots(spec, routing, batch);
-      amax = std::max(amax, amax_as_float(swiglu(spec, batch_slots, quantized_x(batch), load_w13_row, threads)));
+      amax = std::max(amax, amax_as_float(rounded_to_bf16(swiglu(spec, batch_slots, quantized_x(batch), load_w13_row,
+                                                                   threads))));
     }
     intermediate_options.act_scale = fp8_scale(amax, layer.options.ue8m0_scales);
   }
 
   const std::vector<RoutedSlot> slots = routed_slots(spec, routing, tokens);
-  const std::vector<double> activations = swiglu(spec, slots, quantized_x(tokens), load_w13_row, threads);
+  const std::vector<double> activations =
+      rounded_to_bf16(swiglu(spec, slots, quantized_x(tokens), load_w13_row, threads));
   const std::vector<double> quantized_activations = fake_quantize_activations(
       scheme, activations.data(), static_cast<int>(slots.size()), spec.intermediate, intermediate_options);
   return down_and_combine(spec, slots, quantized_activations, tokens.size(), load_w2_row, threads);

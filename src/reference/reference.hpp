@@ -36,7 +36,8 @@ Routing route(const MoeSpec& spec, const float* logits, int num_tokens,
 // ---- FP8 quantisation emulation ------------------------------------------------------------
 // Conventions the GPU path must reproduce (all arithmetic in float unless stated):
 //   amax  = max |v| over the group, v the element as float (bf16 inputs are exact; the float64
-//           SwiGLU output of the reference is first rounded to float, as the GPU holds it);
+//           SwiGLU output is first rounded to bf16, as the GPU stores it between the GEMMs, and
+//           as vLLM's bf16 intermediate cache does);
 //   scale = amax / 448 (float division); with ue8m0_scales, round_up_pow2 of that;
 //           an all-zero group gets scale 1 (its values quantise to exactly zero);
 //   value = float_to_e4m3(v / scale) — a float division, not a multiply by a reciprocal;

@@ -91,8 +91,13 @@ void validate(const MoeSpec& spec) {
     fail("scheme", static_cast<int>(spec.scheme), "QuantScheme::kNone for bf16 weights");
   if (spec.weight_dtype == WeightDType::kFP8E4M3 && spec.scheme == QuantScheme::kNone)
     fail("scheme", static_cast<int>(spec.scheme), "an FP8 scheme for fp8 weights");
-  if (spec.weight_dtype == WeightDType::kFP8E4M3)
-    throw Error("hmoe: MoeSpec.weight_dtype = fp8: FP8 layers are not implemented yet (bf16 only)");
+  if (spec.weight_dtype == WeightDType::kBF16 && spec.ue8m0_scales)
+    fail("ue8m0_scales", 1, "false for bf16 weights (UE8M0 rounds FP8 scales)");
+  // 128×128 weight blocks and 1×128 activation groups must tile K whole on both GEMMs.
+  if (spec.scheme == QuantScheme::kBlock128 && spec.hidden % 128 != 0)
+    fail("hidden", spec.hidden, "a multiple of 128 for fp8-block scales (128x128 weight blocks along K)");
+  if (spec.scheme == QuantScheme::kBlock128 && spec.intermediate % 128 != 0)
+    fail("intermediate", spec.intermediate, "a multiple of 128 for fp8-block scales (128x128 weight blocks along K)");
   const RoutingSpec& routing = spec.routing;
   if (routing.function == RoutingFunction::kGroupedSigmoidTopK) {
     if (routing.num_groups < 1 || routing.num_groups > 32 || spec.num_experts % routing.num_groups != 0)

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "testkit/ceilings.hpp"
 #include "testkit/cuda_handles.hpp"
@@ -28,6 +29,21 @@ struct ReplaySet {
   std::vector<int> tokens_per_expert;  // measure_floor only
 };
 
+// The FP8 compute floor's peak: the measured cuBLASLt e4m3 GEMM, or, where cuBLASLt cannot run it,
+// twice the bf16 peak (Hopper's dense FP8 rate), said once on stderr.
+double fp8_matrix_peak(const Ceilings& ceilings) {
+  static const double peak = [&ceilings] {
+    try {
+      return measured_fp8_gemm_tflop_per_s();
+    } catch (const Error& error) {
+      std::fprintf(stderr, "hmoe bench: fp8 GEMM ceiling not measured (%s): FP8 floors use 2 x the bf16 peak\n",
+                   error.what());
+      return 2.0 * ceilings.bf16_gemm_tflop_per_s;
+    }
+  }();
+  return peak;
+}
+
 }  // namespace
 
 std::vector<BenchRow> bench_layer(const MoeSpec& spec, const BenchOptions& options,
@@ -48,7 +64,15 @@ std::vector<BenchRow> bench_layer(const LayerWeights& weights, const BenchOption
   const Ceilings no_ceilings;
   const Ceilings& ceilings = options.measure_floor ? measured_ceilings() : no_ceilings;
   Stream stream;
-  const double expert_bytes = 3.0 * spec.hidden * static_cast<double>(spec.intermediate) * sizeof(std::uint16_t);
+  // Weight bytes of one expert: its values, plus its scales for FP8.
+  const bool fp8 = spec.weight_dtype == WeightDType::kFP8E4M3;
+  const double expert_bytes =
+      3.0 * spec.hidden * static_cast<double>(spec.intermediate) * (fp8 ? 1 : sizeof(std::uint16_t)) +
+      (fp8 ? 4.0 * (weight_scale_count(spec, WeightMatrix::kW13) + weight_scale_count(spec, WeightMatrix::kW2)) /
+                 spec.num_experts
+           : 0.0);
+  const double matrix_peak_tflop_per_s =
+      !options.measure_floor ? 0.0 : fp8 ? fp8_matrix_peak(ceilings) : ceilings.bf16_gemm_tflop_per_s;
 
   std::vector<BenchRow> rows;
   for (int num_tokens : options.token_counts) {
@@ -93,7 +117,7 @@ std::vector<BenchRow> bench_layer(const LayerWeights& weights, const BenchOption
     row.p10_us = timing.p10_us;
     row.p90_us = timing.p90_us;
     const double compute_floor_us =
-        options.measure_floor ? flops / (ceilings.bf16_gemm_tflop_per_s * 1e12) * 1e6 : 0.0;
+        options.measure_floor ? flops / (matrix_peak_tflop_per_s * 1e12) * 1e6 : 0.0;
     for (const ReplaySet& set : sets) {
       if (!options.measure_floor) break;
       row.bytes_touched += set.bytes_touched / sets.size();

@@ -149,7 +149,8 @@ double measure_fp8_gemm(cudaStream_t stream) {
   DeviceBuffer a(elements);  // e4m3, one byte each
   DeviceBuffer b(elements);
   DeviceBuffer d(elements * sizeof(std::uint16_t));  // bf16
-  DeviceBuffer scales(2 * sizeof(float));             // A scale, B scale
+  DeviceBuffer a_scale_buffer(sizeof(float));         // own allocations: 256-byte aligned
+  DeviceBuffer b_scale_buffer(sizeof(float));
   DeviceBuffer workspace(kWorkspaceBytes);
   {
     // Random non-zero operands (as for bf16): draw fp32, convert.
@@ -161,8 +162,8 @@ double measure_fp8_gemm(cudaStream_t stream) {
                                                       (operand == 0 ? a : b).as<__nv_fp8_storage_t>(), elements);
       HMOE_CUDA_CHECK(cudaGetLastError());
     }
-    const std::vector<float> scale_values = {1.0f, 1.0f / kGemmSize};
-    copy_to_device(scales.get(), scale_values, stream);  // synchronises: staging may then go
+    copy_to_device(a_scale_buffer.get(), std::vector<float>{1.0f}, stream);
+    copy_to_device(b_scale_buffer.get(), std::vector<float>{1.0f / kGemmSize}, stream);  // synchronises
   }
 
   cublasLtHandle_t raw_handle = nullptr;
@@ -175,8 +176,8 @@ double measure_fp8_gemm(cudaStream_t stream) {
   // both operands then run along K, the only arrangement cuBLASLt offers for e4m3.
   set_matmul_attribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
   set_matmul_attribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
-  const float* a_scale = scales.as<const float>();
-  const float* b_scale = scales.as<const float>() + 1;
+  const float* a_scale = a_scale_buffer.as<const float>();
+  const float* b_scale = b_scale_buffer.as<const float>();
   set_matmul_attribute(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scale);
   set_matmul_attribute(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale);
   const std::int8_t fast_accumulation = 1;

@@ -58,8 +58,20 @@ CheckResult compare_with_reference(const LayerWeights& weights, const std::vecto
   result.tokens_checked = static_cast<int>(tokens.size());
   result.sampled = result.tokens_checked < result.num_tokens;
   const auto start = std::chrono::steady_clock::now();
-  const reference::Bf16Layer layer{x_host.data(), weights.w13_host.data(), weights.w2_host.data()};
-  const std::vector<double> expected = reference::moe_layer(spec, layer, routing, tokens);
+  MoeSpec bf16_spec = spec;
+  bf16_spec.weight_dtype = WeightDType::kBF16;
+  bf16_spec.scheme = QuantScheme::kNone;
+  bf16_spec.ue8m0_scales = false;
+  const reference::Bf16Layer bf16_layer{x_host.data(), weights.w13_host.data(), weights.w2_host.data()};
+  const std::vector<double> unquantised = reference::moe_layer(bf16_spec, bf16_layer, routing, tokens);
+  std::vector<double> expected;
+  if (weights.fp8()) {
+    const reference::Fp8Layer layer{x_host.data(), &weights.w13_fp8_host, &weights.w2_fp8_host, weights.fp8_options()};
+    expected = reference::moe_layer(spec, layer, routing, tokens);
+    result.tolerance = kFp8Tolerance;
+  } else {
+    expected = unquantised;
+  }
   result.reference_seconds = seconds_since(start);
 
   std::vector<double> actual;
@@ -69,13 +81,16 @@ CheckResult compare_with_reference(const LayerWeights& weights, const std::vecto
     for (int column = 0; column < hidden; ++column) actual.push_back(reference::bf16_to_float(row[column]));
   }
   result.rel_error = reference::relative_error(expected.data(), actual.data(), expected.size());
+  if (weights.fp8())
+    result.rel_error_unquantised = reference::relative_error(unquantised.data(), actual.data(), actual.size());
   result.passed = result.rel_error <= result.tolerance && result.unwritten == 0 && result.nonfinite == 0;
   return result;
 }
 
 CheckResult check_layer(const MoeSpec& spec, const CheckOptions& options) {
   Stream stream;
-  const LayerWeights weights = make_layer_weights(spec, options.seed, /*keep_host_copy=*/true, stream.get());
+  const LayerWeights weights =
+      make_layer_weights(spec, options.seed, /*keep_host_copy=*/true, stream.get(), options.static_act_scales);
   return check_layer(weights, options);
 }
 

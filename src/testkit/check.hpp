@@ -16,8 +16,10 @@ namespace hmoe::testkit {
 
 // A bf16 NaN: an element still holding it after a run was never written.
 inline constexpr std::uint16_t kPoisonBf16 = 0xFFFF;
-// ‖out − ref‖ / ‖ref‖ bound for the bf16 path.
+// ‖out − ref‖ / ‖ref‖ bounds: the bf16 path vs the float64 reference; the FP8 path vs the
+// reference that applies the same quantisation (DESIGN.md §2).
 inline constexpr double kBf16Tolerance = 1e-2;
+inline constexpr double kFp8Tolerance = 2e-2;
 
 struct CheckOptions {
   int num_tokens = 1;
@@ -30,11 +32,13 @@ struct CheckOptions {
   int max_reference_tokens = 256;
   std::size_t max_workspace_bytes = 0;  // PlanOptions::max_workspace_bytes (0 = no cap, no chunks)
   bool batch_invariant = false;         // runs with MoeSpec::batch_invariant set
+  bool static_act_scales = false;       // fp8-tensor: static activation scales instead of dynamic ones
 };
 
 struct CheckResult {
-  double rel_error = 0.0;
+  double rel_error = 0.0;          // vs the reference of the layer's dtype (FP8: quantisation emulated)
   double tolerance = kBf16Tolerance;
+  double rel_error_unquantised = -1.0;   // FP8 only: vs the bf16 layer the weights were quantised from
   int num_tokens = 0;
   int tokens_checked = 0;
   bool sampled = false;           // tokens_checked < num_tokens

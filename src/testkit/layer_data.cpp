@@ -25,11 +25,48 @@ Weights LayerWeights::device_weights() const {
   weights.w13 = w13_prepared.get();
   weights.w2 = w2_prepared.get();
   weights.correction_bias = correction_bias.as<const float>();
+  weights.w13_scale = w13_scale.as<const float>();
+  weights.w2_scale = w2_scale.as<const float>();
   return weights;
 }
 
-LayerWeights make_layer_weights(const MoeSpec& spec, std::uint64_t seed, bool keep_host_copy, cudaStream_t stream) {
+reference::Fp8Options LayerWeights::fp8_options() const {
+  reference::Fp8Options options;
+  options.ue8m0_scales = spec.ue8m0_scales;
+  options.static_act_scale = static_act_scales;
+  options.act_scale = kStaticActScale;
+  options.intermediate_act_scale = kStaticIntermediateActScale;
+  return options;
+}
+
+namespace {
+
+// Quantises one bf16 matrix family on the device; keeps the host view the reference needs.
+DeviceBuffer quantize_matrix(const MoeSpec& spec, WeightMatrix matrix, const DeviceBuffer& bf16, DeviceBuffer& scales,
+                             bool keep_host_copy, reference::QuantizedWeights& host, cudaStream_t stream) {
+  const std::size_t values = bf16.bytes() / sizeof(std::uint16_t);
+  const std::size_t scale_count = weight_scale_count(spec, matrix);
+  DeviceBuffer fp8(values);
+  scales = DeviceBuffer(scale_count * sizeof(float));
+  quantize_weights(spec, matrix, bf16.get(), fp8.get(), scales.as<float>(), stream);
+  if (keep_host_copy) {
+    host.scheme = spec.scheme;
+    host.experts = spec.num_experts;
+    host.rows = matrix == WeightMatrix::kW13 ? 2 * spec.intermediate : spec.hidden;
+    host.cols = matrix == WeightMatrix::kW13 ? spec.hidden : spec.intermediate;
+    host.values = copy_to_host<std::uint8_t>(fp8.get(), values, stream);
+    host.scales = copy_to_host<float>(scales.get(), scale_count, stream);
+  }
+  return fp8;
+}
+
+}  // namespace
+
+LayerWeights make_layer_weights(const MoeSpec& spec, std::uint64_t seed, bool keep_host_copy, cudaStream_t stream,
+                                bool static_act_scales) {
   validate(spec);
+  if (static_act_scales && spec.scheme != QuantScheme::kPerTensor)
+    throw Error("hmoe testkit: static activation scales exist for fp8-tensor only");
   const std::size_t experts = spec.num_experts;
   const std::size_t w13_count = experts * 2 * spec.intermediate * spec.hidden;
   const std::size_t w2_count = experts * spec.hidden * spec.intermediate;
@@ -45,13 +82,29 @@ LayerWeights make_layer_weights(const MoeSpec& spec, std::uint64_t seed, bool ke
                       1.0f / std::sqrt(static_cast<float>(spec.intermediate)), seed, kSaltW2, stream);
     weights.w13_prepared = DeviceBuffer(prepared_w13_bytes(spec));
     weights.w2_prepared = DeviceBuffer(prepared_w2_bytes(spec));
-    prepare_weights(spec, w13_source.get(), w2_source.get(), weights.w13_prepared.get(), weights.w2_prepared.get(),
-                    stream);
+    if (spec.weight_dtype == WeightDType::kFP8E4M3) {
+      const DeviceBuffer w13_fp8 = quantize_matrix(spec, WeightMatrix::kW13, w13_source, weights.w13_scale,
+                                                   keep_host_copy, weights.w13_fp8_host, stream);
+      const DeviceBuffer w2_fp8 = quantize_matrix(spec, WeightMatrix::kW2, w2_source, weights.w2_scale, keep_host_copy,
+                                                  weights.w2_fp8_host, stream);
+      prepare_weights(spec, w13_fp8.get(), w2_fp8.get(), weights.w13_prepared.get(), weights.w2_prepared.get(), stream);
+      HMOE_CUDA_CHECK(cudaStreamSynchronize(stream));   // the fp8 sources die here
+    } else {
+      prepare_weights(spec, w13_source.get(), w2_source.get(), weights.w13_prepared.get(), weights.w2_prepared.get(),
+                      stream);
+    }
     if (keep_host_copy) {
       weights.w13_host = copy_to_host<std::uint16_t>(w13_source.get(), w13_count, stream);
       weights.w2_host = copy_to_host<std::uint16_t>(w2_source.get(), w2_count, stream);
     }
     // NOTE: the sources die at the end of this scope; preparation reads them asynchronously.
+    HMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  weights.static_act_scales = static_act_scales;
+  if (static_act_scales) {
+    const float scales[2] = {kStaticActScale, kStaticIntermediateActScale};
+    weights.act_scales = DeviceBuffer(sizeof(scales));
+    HMOE_CUDA_CHECK(cudaMemcpyAsync(weights.act_scales.get(), scales, sizeof(scales), cudaMemcpyHostToDevice, stream));
     HMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
   if (is_grouped(spec)) {
@@ -101,6 +154,10 @@ RunArgs run_args(const LayerWeights& weights, const LayerInputs& inputs, void* o
   args.x = inputs.x.get();
   args.out = out;
   args.weights = weights.device_weights();
+  if (weights.static_act_scales) {
+    args.act_scale = weights.act_scales.as<const float>();
+    args.intermediate_act_scale = weights.act_scales.as<const float>() + 1;
+  }
   return args;
 }
 

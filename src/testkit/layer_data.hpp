@@ -17,22 +17,39 @@ namespace hmoe::testkit {
 // |correction_bias| stays below this: small next to the routing levels, as in real checkpoints.
 inline constexpr float kCorrectionBiasScale = 0.01f;
 
+// Static per-tensor activation scales the fp8-tensor tests use (x ~ U(-1,1) fits 1/448 exactly; a
+// smaller intermediate scale saturates its largest values, which the reference emulates too).
+inline constexpr float kStaticActScale = 1.0f / 448.0f;
+inline constexpr float kStaticIntermediateActScale = 0.5f / 448.0f;
+
 struct LayerWeights {
   MoeSpec spec;
   DeviceBuffer w13_prepared;                     // prepared_w13_bytes(spec)
   DeviceBuffer w2_prepared;                      // prepared_w2_bytes(spec)
   DeviceBuffer correction_bias;                  // [E] fp32, grouped routing only
   std::vector<std::uint16_t> w13_host;           // [E, 2I, H] bf16, HF layout; empty without host copy
-  std::vector<std::uint16_t> w2_host;            // [E, H, I] bf16
+  std::vector<std::uint16_t> w2_host;            // [E, H, I] bf16 (FP8: the values before quantisation)
   std::vector<float> correction_bias_host;       // [E], grouped routing only
+  // FP8 specs: scales (weight_scale_count floats each), the quantised weights as the reference sees
+  // them (host copy only), and static activation scales when asked for.
+  DeviceBuffer w13_scale;
+  DeviceBuffer w2_scale;
+  reference::QuantizedWeights w13_fp8_host;
+  reference::QuantizedWeights w2_fp8_host;
+  bool static_act_scales = false;                // fp8-tensor: RunArgs.act_scale / intermediate_act_scale
+  DeviceBuffer act_scales;                       // [2]: kStaticActScale, kStaticIntermediateActScale
 
   Weights device_weights() const;
   bool has_host_copy() const { return !w13_host.empty(); }
+  bool fp8() const { return spec.weight_dtype == WeightDType::kFP8E4M3; }
+  reference::Fp8Options fp8_options() const;     // what the reference needs to emulate the run
 };
 
-// w13 ~ U(-1,1)/sqrt(H), w2 ~ U(-1,1)/sqrt(I) (so outputs stay O(1)), prepared with
-// hmoe::prepare_weights. The unprepared device copies are freed before returning.
-LayerWeights make_layer_weights(const MoeSpec& spec, std::uint64_t seed, bool keep_host_copy, cudaStream_t stream);
+// w13 ~ U(-1,1)/sqrt(H), w2 ~ U(-1,1)/sqrt(I) (so outputs stay O(1)) in bf16; FP8 specs quantise
+// them with hmoe::quantize_weights. Prepared with hmoe::prepare_weights; the unprepared device
+// copies are freed before returning. static_act_scales: fp8-tensor only.
+LayerWeights make_layer_weights(const MoeSpec& spec, std::uint64_t seed, bool keep_host_copy, cudaStream_t stream,
+                                bool static_act_scales = false);
 
 struct LayerInputs {
   int num_tokens = 0;

@@ -63,7 +63,8 @@ TEST(BenchCli, MalformedTokenListsAndNonPositiveCounts) {
 TEST(BenchCli, BadOptionValuesAndCombinations) {
   expect_usage_error("--model qwen3-30b-a3b --routing heavy", "--routing");
   expect_usage_error("--model qwen3-30b-a3b --peers torch", "--peers");
-  expect_usage_error("--model qwen3-30b-a3b --dtype fp8-block", "not implemented");
+  expect_usage_error("--model qwen3-30b-a3b --dtype fp8-block --peers cublas", "--peers");
+  expect_usage_error("--spec 8,2,4096,192 --dtype fp8-block", "multiple of 128");
   expect_usage_error("--model qwen3-30b-a3b --dtype fp16", "--dtype");
   expect_usage_error("--spec 8,2,4096,14336 --e2e", "--e2e");
   expect_usage_error("--model qwen3-30b-a3b --explain --json out.json", "--json");

@@ -70,10 +70,18 @@ TEST(Cli, BadOptions) {
   expect_usage_error("info --verbose", "unknown option '--verbose'");
 }
 
-TEST(Cli, Fp8IsNotImplementedYet) {
-  expect_usage_error("check --model qwen3-30b-a3b --dtype fp8-block", "not implemented");
-  expect_usage_error("bench --model mixtral-8x7b --dtype fp8-tensor", "not implemented");
+TEST(Cli, Fp8DtypeOptions) {
   expect_usage_error("check --model qwen3-30b-a3b --dtype fp16", "--dtype");
+  expect_usage_error("check --model qwen3-30b-a3b --dtype fp8-block --static-scales", "--static-scales");
+  expect_usage_error("check --model qwen3-30b-a3b --ue8m0", "--ue8m0");
+  // Well-formed FP8 commands get as far as the GPU check.
+  for (const std::string command : {"check --model qwen3-30b-a3b --dtype fp8-block --ue8m0",
+                                    "check --model mixtral-8x7b --dtype fp8-tensor --static-scales",
+                                    "bench --model deepseek-v3-tp8 --dtype fp8-channel"}) {
+    const CliResult result = run_cli(command);
+    EXPECT_NE(result.exit_code, 2) << command << "\n" << result.output;
+    EXPECT_FALSE(contains(result.output, "usage: hmoe")) << command << "\n" << result.output;
+  }
 }
 
 TEST(Cli, InfoListsPresets) {

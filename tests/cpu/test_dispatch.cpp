@@ -139,13 +139,17 @@ TEST(Registry, AgreesWithTheCmakeList) {
     const auto entry = entries.find(variant.name);
     ASSERT_NE(entry, entries.end()) << variant.name << " is registered but not in cmake/kernels.cmake";
     const std::vector<std::string>& fields = entry->second;
-    ASSERT_EQ(fields.size(), 7u) << variant.name;
+    ASSERT_EQ(fields.size(), 8u) << variant.name;
     EXPECT_EQ(fields[1], variant.epilogue == gemm::EpilogueKind::kSwiGlu ? "kSwiGlu" : "kRoutingWeight") << variant.name;
     EXPECT_EQ(fields[2], variant.swap_ab ? "true" : "false") << variant.name;
     EXPECT_EQ(std::stoi(fields[3]), variant.token_tile) << variant.name;
     EXPECT_EQ(std::stoi(fields[4]), variant.weight_tile) << variant.name;
     EXPECT_EQ(std::stoi(fields[5]), variant.stages) << variant.name;
     EXPECT_EQ(fields[6], variant.gather_tokens ? "true" : "false") << variant.name;
+    const char* quant = variant.quant == gemm::QuantKind::kNone            ? "kNone"
+                        : variant.quant == gemm::QuantKind::kEpilogueScale ? "kEpilogueScale"
+                                                                           : "kBlockScale";
+    EXPECT_EQ(fields[7], quant) << variant.name;
   }
   for (const auto& [name, fields] : entries) EXPECT_TRUE(registered.count(name)) << name << " generated but not registered";
   std::printf("registry: %zu variants, all in cmake/kernels.cmake with the same constraints\n", registered.size());
@@ -176,10 +180,44 @@ TEST(Registry, RejectsWhatCannotRun) {
   MoeSpec fp8 = spec;
   fp8.weight_dtype = WeightDType::kFP8E4M3;
   fp8.scheme = QuantScheme::kBlock128;
-  EXPECT_TRUE(eligible_plan_variants(fp8).empty()) << "every compiled variant reads bf16";
+  // A bf16 kernel for an FP8 layer, an FP8 kernel for a bf16 layer, the wrong FP8 scheme.
   std::string why;
-  EXPECT_FALSE(supports(gemm::gemm_variants().front(), fp8, &why));
-  EXPECT_NE(why.find("bf16"), std::string::npos) << why;
+  EXPECT_FALSE(supports(*find_gemm_variant_by_name("swiglu_swap_t8_w64"), fp8, &why));
+  EXPECT_NE(why.find("reads bf16"), std::string::npos) << why;
+  EXPECT_FALSE(supports(*find_gemm_variant_by_name("swiglu_swap_t8_w64_fp8block"), spec, &why));
+  EXPECT_NE(why.find("fp8-block"), std::string::npos) << why;
+  EXPECT_FALSE(supports(*find_gemm_variant_by_name("swiglu_swap_t8_w64_fp8"), fp8, &why));
+  EXPECT_NE(why.find("fp8-tensor|fp8-channel"), std::string::npos) << why;
+  EXPECT_THROW(parse_plan_variant("swiglu_swap_t8_w64_fp8+weighted_swap_t8_w64_fp8", fp8), Error);
+  EXPECT_NO_THROW(parse_plan_variant("swiglu_swap_t8_w64_fp8block+weighted_swap_t8_w64_fp8block", fp8));
+}
+
+// Every FP8 layer plans only variants of its own scheme, at every T, in every orientation; block
+// scales never take the 256-row weight tile (its two accumulators would not fit the registers).
+TEST(Registry, Fp8SchemesPlanTheirOwnVariants) {
+  for (const std::string name : {"qwen3-30b-a3b", "deepseek-v3-tp8", "mixtral-8x7b"}) {
+    for (QuantScheme scheme : {QuantScheme::kPerTensor, QuantScheme::kPerChannelPerToken, QuantScheme::kBlock128}) {
+      MoeSpec spec = preset(name);
+      spec.weight_dtype = WeightDType::kFP8E4M3;
+      spec.scheme = scheme;
+      const std::vector<PlanVariant> eligible = eligible_plan_variants(spec);
+      ASSERT_FALSE(eligible.empty()) << name << " " << to_string(scheme);
+      for (const PlanVariant& pair : eligible)
+        EXPECT_EQ(pair.gemm1->quant, gemm::quant_kind(spec)) << pair.id();
+      for (Orientation orientation : {Orientation::kAuto, Orientation::kNormal, Orientation::kSwapAB}) {
+        for (int tokens : {1, 7, 64, 777, 4096, 16384}) {
+          const Plan plan = choose_plan(spec, tokens, orientation);
+          std::string why;
+          EXPECT_TRUE(valid_plan_variant(PlanVariant{plan.gemm1, plan.gemm2}, spec, &why))
+              << name << " " << to_string(scheme) << " T=" << tokens << ": " << why;
+          EXPECT_FALSE(plan.gemm1->gather_tokens) << "FP8 quantises x in the gather kernel";
+          if (scheme == QuantScheme::kBlock128) EXPECT_LE(plan.gemm1->weight_tile, 128) << plan.gemm1->name;
+        }
+      }
+      spec.batch_invariant = true;
+      EXPECT_EQ(plan_for(spec, 5, Orientation::kAuto).gemm1->quant, gemm::quant_kind(spec));
+    }
+  }
 }
 
 // choose_plan, over presets, odd shapes, token counts and orientations, only returns pairs whose
@@ -384,7 +422,8 @@ TEST(KernelList, InfoKernelsMatchesCompiledKernels) {
     std::string name;
     fields >> name;
     listed.push_back(name);
-    EXPECT_NE(line.find("bf16"), std::string::npos) << line;
+    const bool fp8 = name.find("_fp8") != std::string::npos;
+    EXPECT_NE(line.find(fp8 ? "fp8-e4m3" : "bf16"), std::string::npos) << line;
   }
   EXPECT_EQ(listed, compiled_kernels()) << output;
   EXPECT_NE(output.find("no JIT"), std::string::npos) << output;
@@ -401,12 +440,14 @@ TEST(KernelList, BinaryHoldsEveryVariantAsSassAndNoPtx) {
   ASSERT_EQ(exit_code, 0) << symbols;
   int found = 0;
   for (const gemm::GemmVariant& variant : gemm::gemm_variants()) {
-    // Itanium mangling of GemmConfig<EpilogueKind(e), swap_ab, token_tile, weight_tile, stages, gather>.
+    // Itanium mangling of GemmConfig<EpilogueKind(e), swap_ab, token_tile, weight_tile, stages, gather, quant>.
     const std::string arguments = "EpilogueKindE" + std::to_string(static_cast<int>(variant.epilogue)) + "ELb" +
                                   (variant.swap_ab ? "1" : "0") + "ELi" + std::to_string(variant.token_tile) + "ELi" +
                                   std::to_string(variant.weight_tile) + "ELi" + std::to_string(variant.stages) + "ELb" +
                                   (variant.gather_tokens ? "1" : "0") + "E";
-    const bool present = symbols.find("GemmConfig") != std::string::npos && symbols.find(arguments) != std::string::npos;
+    // ... followed by QuantKind(q), whose mangled type name carries a substitution index.
+    const std::regex quant(arguments + "LN[A-Za-z0-9_]*9QuantKindE" + std::to_string(static_cast<int>(variant.quant)) + "E");
+    const bool present = symbols.find("GemmConfig") != std::string::npos && std::regex_search(symbols, quant);
     EXPECT_TRUE(present) << variant.name << ": no sm_90a kernel with template arguments " << arguments;
     found += present;
   }
@@ -421,7 +462,7 @@ TEST(Cli, TuneAndColdstartUsage) {
     EXPECT_NE(output.find("usage: hmoe"), std::string::npos) << output;
   }
   for (const std::string command : {"tune", "tune --model gpt-17", "coldstart --model qwen3-30b-a3b --tokens 0",
-                                    "tune --model qwen3-30b-a3b --dtype fp8-block", "bench --model qwen3-30b-a3b --explain=1"}) {
+                                    "tune --model qwen3-30b-a3b --dtype fp8", "bench --model qwen3-30b-a3b --explain=1"}) {
     int exit_code = -1;
     const std::string output = cli(command, &exit_code);
     EXPECT_EQ(exit_code, 2) << command << "\n" << output;

@@ -574,7 +574,8 @@ TEST(Layer, Fp8SchemesAgreeWithBf16AndSampleConsistently) {
 
 TEST(Layer, Fp8MatchesNaiveCompositionOfTheQuantisers) {
   // Per token (one scale per x row and per slot's intermediate row), block (two 1×128 groups
-  // along H = 256), and static per-tensor: x quantised once per token, the SwiGLU output per slot.
+  // along H = 256), and static per-tensor: x quantised once per token, the SwiGLU output per slot
+  // after rounding to bf16.
   MoeSpec spec = tiny_spec(3, 2, 256, 136);
   spec.weight_dtype = WeightDType::kFP8E4M3;
   const RandomLayer random = random_layer(spec, 5, 8);
@@ -603,8 +604,11 @@ TEST(Layer, Fp8MatchesNaiveCompositionOfTheQuantisers) {
     };
     Fp8Options intermediate_options = options;
     intermediate_options.act_scale = options.intermediate_act_scale;
+    // The SwiGLU output is stored as bf16 between the GEMMs, then quantised.
     const auto requantize = [&](const std::vector<double>& act) {
-      return fake_quantize_activations(c.scheme, act.data(), 1, 136, intermediate_options);
+      std::vector<double> stored(act.size());
+      for (std::size_t i = 0; i < act.size(); ++i) stored[i] = bf16_to_float(float_to_bf16(static_cast<float>(act[i])));
+      return fake_quantize_activations(c.scheme, stored.data(), 1, 136, intermediate_options);
     };
     const std::vector<int> tokens = first_tokens(5);
     const std::vector<double> expected =

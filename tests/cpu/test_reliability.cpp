@@ -93,12 +93,26 @@ TEST(BadInput, SpecFieldsAreNamedWithValueAndExpectation) {
   expect_spec_rejected("MoeSpec.routing.routed_scaling_factor = inf",
                        [](MoeSpec& s) { s.routing.routed_scaling_factor = INFINITY; },
                        {"routed_scaling_factor = inf", "finite value > 0"});
-  expect_spec_rejected("MoeSpec.weight_dtype = fp8 (not implemented)",
+  expect_spec_rejected("fp8 weights without a scheme", [](MoeSpec& s) { s.weight_dtype = WeightDType::kFP8E4M3; },
+                       {"scheme = 0", "an FP8 scheme for fp8 weights"});
+  expect_spec_rejected("bf16 weights with an FP8 scheme", [](MoeSpec& s) { s.scheme = QuantScheme::kPerTensor; },
+                       {"scheme = 1", "kNone for bf16 weights"});
+  expect_spec_rejected("bf16 weights with UE8M0 scales", [](MoeSpec& s) { s.ue8m0_scales = true; },
+                       {"ue8m0_scales = 1", "false for bf16 weights"});
+  expect_spec_rejected("fp8-block with I = 192 (K of GEMM2 not a multiple of 128)",
                        [](MoeSpec& s) {
                          s.weight_dtype = WeightDType::kFP8E4M3;
                          s.scheme = QuantScheme::kBlock128;
+                         s.intermediate = 192;
                        },
-                       {"weight_dtype = fp8", "bf16 only"});
+                       {"intermediate = 192", "multiple of 128 for fp8-block"});
+  expect_spec_rejected("fp8-block with H = 2112",
+                       [](MoeSpec& s) {
+                         s.weight_dtype = WeightDType::kFP8E4M3;
+                         s.scheme = QuantScheme::kBlock128;
+                         s.hidden = 2112;
+                       },
+                       {"hidden = 2112", "multiple of 128 for fp8-block"});
 }
 
 TEST(BadInput, PlanOptionsAreNamedWithValueAndExpectation) {
@@ -217,6 +231,65 @@ TEST_F(RunArgsFixture, ZeroTokensAcceptsOptionalNullsAndNarrowBf16Logits) {
   args.workspace_size = bf16_runner.workspace_bytes();
   EXPECT_NO_THROW(bf16_runner.run_from_logits(args, fake_device_pointer(8, 2), nullptr))
       << "bf16 logits need only 2-byte alignment";
+}
+
+// FP8 layers: the weight scales are required, static activation scales belong to fp8-tensor only,
+// and scales must not overlap what a run writes.
+TEST(BadInput, Fp8RunArgsAreNamed) {
+  MoeSpec spec = preset("qwen3-30b-a3b");
+  spec.weight_dtype = WeightDType::kFP8E4M3;
+  spec.scheme = QuantScheme::kBlock128;
+  const MoeRunner runner(spec, plan_options(16));
+  RunArgs args;
+  args.num_tokens = 16;
+  args.x = fake_device_pointer(1);
+  args.out = fake_device_pointer(2);
+  args.weights.w13 = fake_device_pointer(3);
+  args.weights.w2 = fake_device_pointer(4);
+  args.workspace = fake_device_pointer(5);
+  args.workspace_size = runner.workspace_bytes();
+  const auto* ids = fake_device_pointer<const std::int32_t>(6);
+  const auto* weights = fake_device_pointer<const float>(7);
+  const auto run = [&] { return error_of([&] { runner.run_from_topk(args, ids, weights, nullptr); }); };
+  expect_message("fp8 without w13_scale", run(), {"RunArgs.weights.w13_scale is null"});
+  args.weights.w13_scale = fake_device_pointer<const float>(8);
+  expect_message("fp8 without w2_scale", run(), {"RunArgs.weights.w2_scale is null"});
+  args.weights.w2_scale = fake_device_pointer<const float>(9, 2);
+  expect_message("w2_scale 2-byte aligned", run(), {"w2_scale = 0x", "4-byte aligned"});
+  args.weights.w2_scale = fake_device_pointer<const float>(9);
+  args.act_scale = fake_device_pointer<const float>(10);
+  expect_message("act_scale with fp8-block", run(), {"act_scale", "fp8-block", "fp8-tensor only"});
+  args.act_scale = nullptr;
+  args.weights.w13_scale = fake_device_pointer<const float>(2, 64);   // inside out
+  expect_message("w13_scale inside RunArgs.out", run(), {"RunArgs.out", "overlaps RunArgs.weights.w13_scale"});
+
+  const MoeSpec bf16 = preset("qwen3-30b-a3b");
+  const MoeRunner bf16_runner(bf16, plan_options(16));
+  args.workspace_size = bf16_runner.workspace_bytes();
+  args.weights.w13_scale = fake_device_pointer<const float>(8);
+  expect_message("scales for a bf16 layer", error_of([&] { bf16_runner.run_from_topk(args, ids, weights, nullptr); }),
+                 {"w13_scale/w2_scale are set for a bf16 layer"});
+}
+
+TEST(BadInput, QuantizeWeightsNamesItsArguments) {
+  MoeSpec spec = preset("qwen3-30b-a3b");
+  expect_message("quantize_weights on a bf16 spec",
+                 error_of([&] { quantize_weights(spec, WeightMatrix::kW13, fake_device_pointer(1), fake_device_pointer<void>(2),
+                                                 fake_device_pointer<float>(3), nullptr); }),
+                 {"quantize_weights", "expected an FP8 spec"});
+  spec.weight_dtype = WeightDType::kFP8E4M3;
+  spec.scheme = QuantScheme::kPerChannelPerToken;
+  expect_message("quantize_weights without scales",
+                 error_of([&] { quantize_weights(spec, WeightMatrix::kW2, fake_device_pointer(1), fake_device_pointer<void>(2),
+                                                 nullptr, nullptr); }),
+                 {"quantize_weights: scales is null"});
+  EXPECT_EQ(weight_scale_count(spec, WeightMatrix::kW13), 128u * 2 * 768);
+  spec.scheme = QuantScheme::kBlock128;
+  EXPECT_EQ(weight_scale_count(spec, WeightMatrix::kW13), 128u * 12 * 16);   // [E, 2I/128, H/128]
+  EXPECT_EQ(weight_scale_count(spec, WeightMatrix::kW2), 128u * 16 * 6);     // [E, H/128, I/128]
+  spec.scheme = QuantScheme::kPerTensor;
+  EXPECT_EQ(weight_scale_count(spec, WeightMatrix::kW2), 128u);
+  EXPECT_EQ(weight_scale_count(preset("qwen3-30b-a3b"), WeightMatrix::kW2), 0u);
 }
 
 TEST(BadInput, CApiReturnsStatusAndTheSameMessage) {

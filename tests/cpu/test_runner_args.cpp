@@ -188,3 +188,94 @@ TEST(CApi, PlanOptionsCapTheWorkspaceAndCarryBatchInvariance) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CApi, Fp8ScaleCountsFollowTheCheckpointLayouts) {
+  hmoe_spec spec{};
+  ASSERT_EQ(hmoe_spec_preset("qwen3-30b-a3b", &spec), HMOE_OK);   // E 128, H 2048, I 768
+  EXPECT_EQ(spec.ue8m0_scales, 0);
+  size_t w13 = 1, w2 = 1;
+  ASSERT_EQ(hmoe_weight_scale_count(&spec, 0, &w13), HMOE_OK) << hmoe_last_error();
+  EXPECT_EQ(w13, 0u);   // bf16: no scales
+  spec.weight_dtype = 1;
+  const struct {
+    int scheme;
+    size_t w13, w2;
+  } cases[] = {{1, 128, 128},                                  // fp8-tensor [E]
+               {2, 128 * 1536, 128 * 2048},                    // fp8-channel [E, N]
+               {3, 128 * 12 * 16, 128 * 16 * 6}};              // fp8-block [E, N/128, K/128]
+  for (const auto& c : cases) {
+    spec.scheme = c.scheme;
+    ASSERT_EQ(hmoe_weight_scale_count(&spec, 0, &w13), HMOE_OK) << hmoe_last_error();
+    ASSERT_EQ(hmoe_weight_scale_count(&spec, 1, &w2), HMOE_OK) << hmoe_last_error();
+    EXPECT_EQ(w13, c.w13) << "scheme " << c.scheme;
+    EXPECT_EQ(w2, c.w2) << "scheme " << c.scheme;
+  }
+  EXPECT_EQ(hmoe_weight_scale_count(&spec, 2, &w13), HMOE_INVALID_ARGUMENT);
+  EXPECT_STREQ(hmoe_last_error(), "hmoe: invalid matrix = 2: expected 0..1");
+  EXPECT_EQ(hmoe_weight_scale_count(&spec, 0, nullptr), HMOE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hmoe_last_error()).find("count is null"), std::string::npos) << hmoe_last_error();
+}
+
+TEST(CApi, Fp8SpecFieldsAndQuantizeArgumentsAreChecked) {
+  hmoe_spec spec{};
+  ASSERT_EQ(hmoe_spec_preset("qwen3-30b-a3b", &spec), HMOE_OK);
+  spec.ue8m0_scales = 1;   // bf16 weights have no scales to round
+  hmoe_runner* runner = nullptr;
+  EXPECT_EQ(hmoe_runner_create(&spec, 16, 0, &runner), HMOE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hmoe_last_error()).find("ue8m0_scales"), std::string::npos) << hmoe_last_error();
+  spec.weight_dtype = 1;
+  spec.scheme = 3;
+  spec.hidden = 192;       // fp8-block tiles K by 128
+  EXPECT_EQ(hmoe_runner_create(&spec, 16, 0, &runner), HMOE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hmoe_last_error()).find("hidden = 192"), std::string::npos) << hmoe_last_error();
+  spec.hidden = 2048;
+  spec.scheme = 4;
+  EXPECT_EQ(hmoe_quantize_weights(&spec, 0, nullptr, nullptr, nullptr, nullptr), HMOE_INVALID_ARGUMENT);
+  EXPECT_STREQ(hmoe_last_error(), "hmoe: invalid hmoe_spec.scheme = 4: expected 0..3");
+  spec.scheme = 3;
+  EXPECT_EQ(hmoe_quantize_weights(&spec, 7, nullptr, nullptr, nullptr, nullptr), HMOE_INVALID_ARGUMENT);
+  EXPECT_STREQ(hmoe_last_error(), "hmoe: invalid matrix = 7: expected 0..1");
+  EXPECT_EQ(hmoe_quantize_weights(nullptr, 0, nullptr, nullptr, nullptr, nullptr), HMOE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hmoe_last_error()).find("spec is null"), std::string::npos) << hmoe_last_error();
+}
+
+}  // namespace
+
+namespace {
+
+TEST(CApi, Fp8RunArgsReachTheRunner) {
+  hmoe_spec spec{};
+  ASSERT_EQ(hmoe_spec_preset("qwen3-30b-a3b", &spec), HMOE_OK);
+  spec.weight_dtype = 1;
+  spec.scheme = 3;   // fp8-block
+  hmoe_runner* runner = nullptr;
+  ASSERT_EQ(hmoe_runner_create(&spec, 64, 0, &runner), HMOE_OK) << hmoe_last_error();
+  size_t bytes = 0;
+  ASSERT_EQ(hmoe_runner_workspace_bytes(runner, &bytes), HMOE_OK);
+  hmoe_run_args args{};
+  args.num_tokens = 16;
+  args.x = fake_device_pointer(0x1000);
+  args.out = fake_device_pointer(0x100000);
+  args.w13 = fake_device_pointer(0x200000);
+  args.w2 = fake_device_pointer(0x300000);
+  args.workspace = fake_device_pointer(0x10000000);
+  args.workspace_size = bytes;
+  const auto* ids = static_cast<const std::int32_t*>(fake_device_pointer(0x400000));
+  const auto* weights = static_cast<const float*>(fake_device_pointer(0x500000));
+  EXPECT_EQ(hmoe_run_from_topk(runner, &args, ids, weights, nullptr), HMOE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hmoe_last_error()).find("RunArgs.weights.w13_scale is null"), std::string::npos)
+      << hmoe_last_error();
+  args.w13_scale = static_cast<const float*>(fake_device_pointer(0x600000));
+  EXPECT_EQ(hmoe_run_from_topk(runner, &args, ids, weights, nullptr), HMOE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hmoe_last_error()).find("RunArgs.weights.w2_scale is null"), std::string::npos)
+      << hmoe_last_error();
+  args.w2_scale = static_cast<const float*>(fake_device_pointer(0x700000));
+  args.intermediate_act_scale = static_cast<const float*>(fake_device_pointer(0x800000));
+  EXPECT_EQ(hmoe_run_from_topk(runner, &args, ids, weights, nullptr), HMOE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hmoe_last_error()).find("act_scale"), std::string::npos) << hmoe_last_error();
+  hmoe_runner_destroy(runner);
+}
+
+}  // namespace

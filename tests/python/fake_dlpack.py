@@ -5,8 +5,8 @@ that uses one must fail validation before anything is launched."""
 import ctypes
 
 KDL_CPU, KDL_CUDA = 1, 2
-# DLPack dtype codes: int 0, uint 1, float 2, bfloat 4.
-DTYPES = {"int32": (0, 32), "uint8": (1, 8), "float32": (2, 32), "bfloat16": (4, 16)}
+# DLPack dtype codes: int 0, uint 1, float 2, bfloat 4, float8_e4m3fn 10 (DLPack 1.1).
+DTYPES = {"int32": (0, 32), "uint8": (1, 8), "float32": (2, 32), "bfloat16": (4, 16), "float8_e4m3fn": (10, 8)}
 
 
 class _DLDevice(ctypes.Structure):

@@ -55,8 +55,14 @@ def test_presets_round_trip():
     (dict(intermediate=70000), "hmoe: invalid MoeSpec.intermediate = 70000: expected a multiple of 64 in 64..65536"),
     (dict(scheme="fp8-block"), "hmoe: invalid MoeSpec.scheme = 3: expected QuantScheme::kNone for bf16 weights"),
     (dict(weight_dtype="fp8-e4m3"), "hmoe: invalid MoeSpec.scheme = 0: expected an FP8 scheme for fp8 weights"),
-    (dict(weight_dtype="fp8-e4m3", scheme="fp8-block"),
-     "hmoe: MoeSpec.weight_dtype = fp8: FP8 layers are not implemented yet (bf16 only)"),
+    (dict(ue8m0_scales=True), "hmoe: invalid MoeSpec.ue8m0_scales = 1: expected false for bf16 weights (UE8M0 rounds "
+                              "FP8 scales)"),
+    (dict(weight_dtype="fp8-e4m3", scheme="fp8-block", hidden=2112),
+     "hmoe: invalid MoeSpec.hidden = 2112: expected a multiple of 128 for fp8-block scales (128x128 weight blocks "
+     "along K)"),
+    (dict(weight_dtype="fp8-e4m3", scheme="fp8-block", intermediate=832),
+     "hmoe: invalid MoeSpec.intermediate = 832: expected a multiple of 128 for fp8-block scales (128x128 weight "
+     "blocks along K)"),
     (dict(routing="grouped", num_groups=3),
      "hmoe: invalid MoeSpec.routing.num_groups = 3: expected a divisor of num_experts=128 in 1..32"),
     (dict(routing="grouped", num_groups=8, topk_groups=9),
@@ -111,6 +117,89 @@ def test_prepared_weight_bytes():
     w13_bytes, w2_bytes = hmoe.prepared_weight_bytes(hmoe.Spec(**QWEN))
     assert w13_bytes == 128 * 2 * 768 * 2048 * 2
     assert w2_bytes == 128 * 2048 * 768 * 2
+    # FP8: one byte per weight, whatever the scheme (the scales are not prepared).
+    for scheme in ("fp8-tensor", "fp8-channel", "fp8-block"):
+        spec = hmoe.Spec(**QWEN, weight_dtype="fp8-e4m3", scheme=scheme)
+        assert hmoe.prepared_weight_bytes(spec) == (128 * 2 * 768 * 2048, 128 * 2048 * 768)
+
+
+# ---- FP8: specs, scale layouts, quantisation and preparation arguments ------------------------------
+
+@pytest.mark.parametrize("scheme, w13_shape, w2_shape", [
+    ("fp8-tensor", [128], [128]),
+    ("fp8-channel", [128, 1536], [128, 2048]),
+    ("fp8-block", [128, 12, 16], [128, 16, 6]),
+])
+def test_weight_scale_layouts(scheme, w13_shape, w2_shape):
+    spec = hmoe.Spec(**QWEN, weight_dtype="fp8-e4m3", scheme=scheme)
+    spec.validate()
+    for matrix, shape in (("w13", w13_shape), ("w2", w2_shape)):
+        assert hmoe.weight_scale_shape(spec, matrix) == shape
+        count = 1
+        for extent in shape:
+            count *= extent
+        assert hmoe.weight_scale_count(spec, matrix) == count  # the binding's layout agrees with the C++ count
+    print(f"{scheme}: w13 scales {w13_shape}, w2 scales {w2_shape}")
+
+
+def test_weight_scale_count_edge_cases():
+    assert hmoe.weight_scale_count(hmoe.Spec(**QWEN), "w13") == 0
+    assert hmoe.weight_scale_shape(hmoe.Spec(**QWEN), "w2") == []
+    spec = hmoe.Spec(**QWEN, weight_dtype="fp8-e4m3", scheme="fp8-block")
+    raises_cpp("hmoe: invalid matrix = 'w3': expected one of 'w13', 'w2'", hmoe.weight_scale_count, spec, "w3")
+    raises_cpp("hmoe: invalid matrix = 'w1': expected one of 'w13', 'w2'", hmoe.weight_scale_shape, spec, "w1")
+
+
+def test_ue8m0_spec_field():
+    spec = hmoe.Spec(**QWEN, weight_dtype="fp8-e4m3", scheme="fp8-block", ue8m0_scales=True)
+    spec.validate()
+    assert spec.ue8m0_scales and "ue8m0_scales=True" in repr(spec)
+    spec.ue8m0_scales = False
+    assert "ue8m0" not in repr(spec)
+    assert "scheme='fp8-block'" in repr(spec) and "weight_dtype='fp8-e4m3'" in repr(spec)
+
+
+def test_fp8_prepare_weights_checks():
+    spec = hmoe.Spec(8, 2, 256, 128, weight_dtype="fp8-e4m3", scheme="fp8-block")
+    heap = FakeHeap()
+    w13_out, w2_out = heap.array((8 * 256 * 256,), "uint8"), heap.array((8 * 256 * 128,), "uint8")
+    raises_cpp("hmoe: w13 has dtype bfloat16: expected float8_e4m3fn (or its bytes as uint8) for an FP8 spec",
+               hmoe.prepare_weights, spec, heap.array((8, 256, 256)), heap.array((8, 256, 128), "uint8"), w13_out,
+               w2_out, 0)
+    raises_cpp("hmoe: w2 has dtype int32: expected float8_e4m3fn (or its bytes as uint8) for an FP8 spec",
+               hmoe.prepare_weights, spec, heap.array((8, 256, 256), "float8_e4m3fn"),
+               heap.array((8, 256, 128), "int32"), w13_out, w2_out, 0)
+    # e4m3 values and their uint8 bytes pass the dtype checks; the output sizes are 1 byte per weight.
+    for dtype in ("float8_e4m3fn", "uint8"):
+        raises_cpp("hmoe: w13_out holds 1000 bytes: expected at least 524288", hmoe.prepare_weights, spec,
+                   heap.array((8, 256, 256), dtype), heap.array((8, 256, 128), dtype),
+                   heap.array((1000,), "uint8"), w2_out, 0)
+    raises_cpp("hmoe: w2 has shape [8, 128, 256]: expected [8, 256, 128]", hmoe.prepare_weights, spec,
+               heap.array((8, 256, 256), "uint8"), heap.array((8, 128, 256), "uint8"), w13_out, w2_out, 0)
+
+
+def test_quantize_weights_checks():
+    spec = hmoe.Spec(8, 2, 256, 128, weight_dtype="fp8-e4m3", scheme="fp8-block")
+    heap = FakeHeap()
+    w2, values = heap.array((8, 256, 128)), heap.array((8, 256, 128), "float8_e4m3fn")
+    scales = heap.array((8, 2, 1), "float32")
+    raises_cpp("hmoe: quantize_weights needs an FP8 spec: got weight_dtype = bf16", hmoe.quantize_weights,
+               hmoe.Spec(8, 2, 256, 128), "w2", w2, values, scales, 0)
+    raises_cpp("hmoe: invalid matrix = 'w1': expected one of 'w13', 'w2'", hmoe.quantize_weights, spec, "w1", w2,
+               values, scales, 0)
+    raises_cpp("hmoe: weights has shape [8, 256, 128]: expected [8, 256, 256]", hmoe.quantize_weights, spec, "w13",
+               w2, values, scales, 0)
+    raises_cpp("hmoe: weights has dtype float32: expected bfloat16", hmoe.quantize_weights, spec, "w2",
+               heap.array((8, 256, 128), "float32"), values, scales, 0)
+    raises_cpp("hmoe: values_out has dtype bfloat16: expected float8_e4m3fn (or its bytes as uint8) for an FP8 spec",
+               hmoe.quantize_weights, spec, "w2", w2, heap.array((8, 256, 128)), scales, 0)
+    raises_cpp("hmoe: scales_out has shape [8, 2, 2]: expected [8, 2, 1]", hmoe.quantize_weights, spec, "w2", w2,
+               values, heap.array((8, 2, 2), "float32"), 0)
+    raises_cpp("hmoe: scales_out has shape [8]: expected [8, 256]", hmoe.quantize_weights,
+               hmoe.Spec(8, 2, 256, 128, weight_dtype="fp8-e4m3", scheme="fp8-channel"), "w2", w2, values,
+               heap.array((8,), "float32"), 0)
+    raises_cpp("hmoe: scales_out is on DLPack device type 1: expected a CUDA device array", hmoe.quantize_weights,
+               spec, "w2", w2, values, FakeArray((8, 2, 1), "float32", device_type=KDL_CPU), 0)
 
 
 # ---- Run arguments: checked by the binding (what a raw pointer cannot show), then by MoeRunner ----
@@ -234,6 +323,58 @@ def test_prepare_weights_checks():
                hmoe.Spec(8, 2, 250, 128), w13, w2, w13_out, w2_out, 0)
     raises_cpp("hmoe: prepare_weights: w13_dst must not alias w13_src (rows are regrouped)", hmoe.prepare_weights,
                spec, w13, w2, FakeArray((8 * 256 * 256 * 2,), "uint8", address=w13.address), w2_out, 0)
+
+
+class Fp8Layer(Layer):
+    """Layer with fp8-block weights: prepared buffers of 1 byte per weight and fp32 block scales."""
+
+    def __init__(self, scheme="fp8-block", tokens=4):
+        self.spec = hmoe.Spec(8, 2, 256, 128, weight_dtype="fp8-e4m3", scheme=scheme)
+        self.runner = hmoe.Runner(self.spec, 16)
+        heap = FakeHeap()
+        w13_bytes, w2_bytes = hmoe.prepared_weight_bytes(self.spec)
+        self.args = dict(
+            x=heap.array((tokens, 256)),
+            out=heap.array((tokens, 256)),
+            w13=heap.array((w13_bytes,), "uint8"),
+            w2=heap.array((w2_bytes,), "uint8"),
+            topk_ids=heap.array((tokens, 2), "int32"),
+            topk_weights=heap.array((tokens, 2), "float32"),
+            workspace=heap.array((self.runner.workspace_bytes,), "uint8"),
+            stream=0,
+            w13_scale=heap.array(hmoe.weight_scale_shape(self.spec, "w13"), "float32"),
+            w2_scale=heap.array(hmoe.weight_scale_shape(self.spec, "w2"), "float32"),
+        )
+        self.heap = heap
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda h: dict(w13_scale=h.array((8,), "float32")), "hmoe: w13_scale has shape [8]: expected [8, 2, 2]"),
+    (lambda h: dict(w2_scale=h.array((8, 2, 1))), "hmoe: w2_scale has dtype bfloat16: expected float32"),
+    (lambda h: dict(w2_scale=FakeArray((8, 2, 1), "float32", device_id=1)),
+     "hmoe: w2_scale is on cuda:1: expected cuda:0 like the other arrays of the call"),
+    (lambda h: dict(w13_scale=None), "hmoe: RunArgs.weights.w13_scale is null: expected a device pointer"),
+    (lambda h: dict(w2_scale=None), "hmoe: RunArgs.weights.w2_scale is null: expected a device pointer"),
+    (lambda h: dict(act_scale=h.array((1,), "float32")),
+     "hmoe: RunArgs.act_scale/intermediate_act_scale are set for scheme fp8-block: expected nullptr (static "
+     "activation scales exist for fp8-tensor only)"),
+])
+def test_fp8_run_arguments(change, message):
+    layer = Fp8Layer()
+    raises_cpp(message, layer.run_topk, **change(layer.heap))
+
+
+def test_fp8_tensor_act_scales_and_bf16_layers():
+    layer = Fp8Layer("fp8-tensor")
+    heap = layer.heap
+    raises_cpp("hmoe: act_scale has shape [2]: expected [1]", layer.run_topk, act_scale=heap.array((2,), "float32"))
+    raises_cpp("hmoe: intermediate_act_scale has dtype bfloat16: expected float32", layer.run_logits,
+               heap.array((4, 8), "float32"), intermediate_act_scale=heap.array((1,)))
+    raises_cpp("hmoe: w13_scale has shape [8, 2, 2]: expected [8]", layer.run_topk,
+               w13_scale=heap.array((8, 2, 2), "float32"))
+    bf16 = Layer()
+    raises_cpp("hmoe: RunArgs.weights.w13_scale/w2_scale are set for a bf16 layer: expected nullptr (FP8 only)",
+               bf16.run_topk, w13_scale=bf16.heap.array((8,), "float32"))
 
 
 def test_torch_module_needs_torch():

@@ -1,0 +1,141 @@
+// FP8 dequantisation inside the expert GEMMs: which weight and token scale each element of the
+// wgmma accumulator fragment takes, for both orientations and both ways scales are applied
+// (once in the epilogue, or per 128-wide K block).
+#pragma once
+
+#include "gemm/config.hpp"
+#include "gemm/scheduler.cuh"
+
+namespace hmoe::gemm {
+
+struct ScaleArgs {
+  const float* weight_scale;   // GemmLaunch::weight_scale
+  const float* token_scale;    // GemmLaunch::token_scale
+  bool per_row;                // kEpilogueScale: per-channel × per-token (else per-tensor)
+  int weight_rows;             // N per expert
+  int k_groups;                // K / 128 (block scales)
+};
+
+// Row of the checkpoint's weight matrix that prepared row `row` holds: GEMM1's w13 is regrouped by
+// 16 rows (prepare.cu), GEMM2's w2 is not.
+template <EpilogueKind kEpilogue>
+__device__ __forceinline__ int source_weight_row(int row, int weight_rows) {
+  if constexpr (kEpilogue == EpilogueKind::kSwiGlu) {
+    return swiglu_source_row(row, weight_rows / 2);
+  } else {
+    return row;
+  }
+}
+
+// Fragment element 4j + r of this thread: its row (WGMMA M side, counted across the consumer
+// warpgroups) and column (N side); see consume() in mainloop.cuh.
+__device__ __forceinline__ int fragment_row(int r) { return 16 * (threadIdx.x / 32) + (threadIdx.x % 32) / 4 + 8 * (r / 2); }
+__device__ __forceinline__ int fragment_column(int j, int r) { return 8 * j + 2 * (threadIdx.x % 4) + r % 2; }
+
+// kEpilogueScale: multiplies the finished accumulator by weight scale × token scale, per element.
+template <class Config>
+__device__ __forceinline__ void apply_epilogue_scales(float (&acc)[Config::kTileN / 2], const WorkItem& item,
+                                                      const ScaleArgs& args) {
+  constexpr int kFragment = Config::kTileN / 2;
+  const int expert = item.tokens.expert;
+  if (!args.per_row) {
+    const float scale = args.weight_scale[expert] * args.token_scale[0];
+    #pragma unroll
+    for (int i = 0; i < kFragment; ++i) acc[i] *= scale;
+    return;
+  }
+  const float* weight_scale = args.weight_scale + static_cast<long long>(expert) * args.weight_rows;
+  const int weight_row0 = item.weight_tile * Config::kWeightTile;
+  const int last_token = item.tokens.row_end - 1;
+  const auto weight_factor = [&](int tile_row) {
+    const int row = min(weight_row0 + tile_row, args.weight_rows - 1);   // rows past N are never written
+    return weight_scale[source_weight_row<Config::kEpilogue>(row, args.weight_rows)];
+  };
+  const auto token_factor = [&](int tile_row) {
+    return args.token_scale[min(item.tokens.row_begin + tile_row, last_token)];
+  };
+  #pragma unroll
+  for (int j = 0; j < kFragment / 4; ++j) {
+    #pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int m = fragment_row(r), n = fragment_column(j, r);
+      acc[4 * j + r] *= Config::kSwapAB ? weight_factor(m) * token_factor(n) : token_factor(m) * weight_factor(n);
+    }
+  }
+}
+
+// kEpilogueScale: the K blocks are promoted unscaled (the scales come once, in the epilogue).
+// NOTE: Hopper's e4m3 wgmma accumulates with ~14 bits of mantissa (DeepSeek-V3 report, §3.3.2):
+// summed over all of K = 7168 in the tensor core the error reached 2.5% against the reference,
+// promoted into fp32 registers every 128 K it stays below 1%.
+template <class Config>
+struct PlainPromotion {
+  __device__ __forceinline__ void promote(int, const float (&partial)[Config::kTileN / 2],
+                                          float (&accumulator)[Config::kTileN / 2]) const {
+    #pragma unroll
+    for (int i = 0; i < Config::kTileN / 2; ++i) accumulator[i] += partial[i];
+  }
+};
+
+// kBlockScale: the scales of one work item. A tile's weight rows fall in at most two 128-row
+// blocks, one per SwiGLU half (gate rows, up rows; the same block for w2), since tiles are at most
+// 128 rows, aligned, and I is a multiple of 128 for this scheme.
+template <class Config>
+class BlockScales {
+ public:
+  __device__ BlockScales(const WorkItem& item, const ScaleArgs& args) : args_(args) {
+    const int weight_row0 = item.weight_tile * Config::kWeightTile;
+    const int blocks_per_expert = (args.weight_rows + kScaleGroup - 1) / kScaleGroup;
+    const long long expert_base = static_cast<long long>(item.tokens.expert) * blocks_per_expert;
+    // Rows 0..7 of every 16-row group are gate rows of w13, rows 8..15 up rows.
+    for (int half = 0; half < 2; ++half) {
+      const int row = min(weight_row0 + 8 * half, args.weight_rows - 1);
+      weight_blocks_[half] =
+          args.weight_scale + (expert_base + source_weight_row<Config::kEpilogue>(row, args.weight_rows) / kScaleGroup) *
+                                  args.k_groups;
+    }
+    row_begin_ = item.tokens.row_begin;
+    last_token_ = item.tokens.row_end - 1;
+  }
+
+  // accumulator += partial × weight scale × token scale, for K block k_block.
+  __device__ __forceinline__ void promote(int k_block, const float (&partial)[Config::kTileN / 2],
+                                          float (&accumulator)[Config::kTileN / 2]) const {
+    constexpr int kFragment = Config::kTileN / 2;
+    const float weight_gate = weight_blocks_[0][k_block], weight_up = weight_blocks_[1][k_block];
+    if constexpr (!Config::kSwapAB) {
+      // Tokens on rows (two per thread), weights on columns (8-column groups alternate gate/up).
+      float token[2];
+      #pragma unroll
+      for (int h = 0; h < 2; ++h) token[h] = token_scale(fragment_row(2 * h), k_block);
+      #pragma unroll
+      for (int j = 0; j < kFragment / 4; ++j) {
+        const float weight = j % 2 == 0 ? weight_gate : weight_up;
+        #pragma unroll
+        for (int r = 0; r < 4; ++r) accumulator[4 * j + r] += partial[4 * j + r] * (weight * token[r / 2]);
+      }
+    } else {
+      // Weights on rows (gate row, then the up row 8 below), tokens on columns.
+      #pragma unroll
+      for (int j = 0; j < kFragment / 4; ++j) {
+        const float token[2] = {token_scale(fragment_column(j, 0), k_block), token_scale(fragment_column(j, 1), k_block)};
+        #pragma unroll
+        for (int r = 0; r < 4; ++r)
+          accumulator[4 * j + r] += partial[4 * j + r] * ((r < 2 ? weight_gate : weight_up) * token[r % 2]);
+      }
+    }
+  }
+
+ private:
+  __device__ __forceinline__ float token_scale(int tile_row, int k_block) const {
+    const int row = min(row_begin_ + tile_row, last_token_);   // padded rows are never written
+    return args_.token_scale[static_cast<long long>(row) * args_.k_groups + k_block];
+  }
+
+  ScaleArgs args_;
+  const float* weight_blocks_[2];
+  int row_begin_ = 0;
+  int last_token_ = 0;
+};
+
+}  // namespace hmoe::gemm

@@ -1,0 +1,149 @@
+// FP8 activation quantisation: one block per row, 4 elements per thread per step (8-byte bf16
+// loads, 4-byte e4m3 stores); a 1×128 group is exactly one warp's step.
+#include "quant/activations.hpp"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "common/cuda_check.hpp"
+#include "quant/fp8.cuh"
+
+namespace hmoe::quant {
+namespace {
+
+enum class Granularity { kGroup128, kRow, kTensor };
+
+constexpr int kThreads = 128;
+constexpr int kGroup = 128;
+
+struct Four {
+  float v[4];
+};
+
+__device__ __forceinline__ Four load_four(const __nv_bfloat16* source) {
+  const uint2 bits = *reinterpret_cast<const uint2*>(source);
+  const __nv_bfloat162 low = *reinterpret_cast<const __nv_bfloat162*>(&bits.x);
+  const __nv_bfloat162 high = *reinterpret_cast<const __nv_bfloat162*>(&bits.y);
+  return Four{{__low2float(low), __high2float(low), __low2float(high), __high2float(high)}};
+}
+
+__device__ __forceinline__ float max_abs(const Four& four) {
+  return fmaxf(fmaxf(fabsf(four.v[0]), fabsf(four.v[1])), fmaxf(fabsf(four.v[2]), fabsf(four.v[3])));
+}
+
+__device__ __forceinline__ void store_four(std::uint8_t* destination, const Four& four, float scale) {
+  const std::uint32_t packed = to_e4m3(four.v[0], scale) | (to_e4m3(four.v[1], scale) << 8) |
+                               (to_e4m3(four.v[2], scale) << 16) | (static_cast<std::uint32_t>(to_e4m3(four.v[3], scale)) << 24);
+  *reinterpret_cast<std::uint32_t*>(destination) = packed;
+}
+
+__device__ __forceinline__ float warp_max(float value) {
+  #pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  return value;
+}
+
+// Largest value over the block (every thread gets it).
+__device__ float block_max(float value) {
+  __shared__ float partial[kThreads / 32];
+  value = warp_max(value);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = value;
+  __syncthreads();
+  float result = partial[0];
+  #pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) result = fmaxf(result, partial[w]);
+  return result;
+}
+
+template <Granularity kGranularity>
+__global__ void __launch_bounds__(kThreads) quantize_rows_kernel(
+    const __nv_bfloat16* __restrict__ source, const int* __restrict__ source_row, const int* __restrict__ num_rows,
+    int cols, bool ue8m0, const float* __restrict__ static_scale, std::uint8_t* __restrict__ values,
+    float* __restrict__ scales) {
+  const int row = blockIdx.x;
+  if (row >= *num_rows) return;
+  const long long from = source_row != nullptr ? source_row[row] : row;
+  const __nv_bfloat16* in = source + from * cols;
+  std::uint8_t* out = values + static_cast<long long>(row) * cols;
+  if constexpr (kGranularity == Granularity::kGroup128) {
+    const int groups = cols / kGroup, lane = threadIdx.x % 32;
+    for (int group = threadIdx.x / 32; group < groups; group += kThreads / 32) {
+      const int column = group * kGroup + 4 * lane;
+      const Four four = load_four(in + column);
+      const float scale = fp8_scale(warp_max(max_abs(four)), ue8m0);
+      store_four(out + column, four, scale);
+      if (lane == 0) scales[static_cast<long long>(row) * groups + group] = scale;
+    }
+  } else {
+    float scale;
+    if constexpr (kGranularity == Granularity::kRow) {
+      float amax = 0.0f;
+      for (int column = 4 * threadIdx.x; column < cols; column += 4 * kThreads) amax = fmaxf(amax, max_abs(load_four(in + column)));
+      scale = fp8_scale(block_max(amax), ue8m0);
+      if (threadIdx.x == 0) scales[row] = scale;
+    } else {
+      scale = static_scale != nullptr ? *static_scale : fp8_scale(scales[1], ue8m0);
+      if (row == 0 && threadIdx.x == 0) scales[0] = scale;
+    }
+    for (int column = 4 * threadIdx.x; column < cols; column += 4 * kThreads) store_four(out + column, load_four(in + column), scale);
+  }
+}
+
+// amax over rows [0, rows) of a contiguous bf16 matrix (rows = fixed_rows, or *num_rows when
+// fixed_rows is 0) into *amax, which the caller zeroed.
+__global__ void __launch_bounds__(kThreads) amax_kernel(const __nv_bfloat16* __restrict__ source, int fixed_rows,
+                                                        const int* __restrict__ num_rows, int cols, float* amax) {
+  const long long rows = fixed_rows > 0 ? fixed_rows : *num_rows;
+  const long long quads = rows * cols / 4;
+  float local = 0.0f;
+  for (long long q = blockIdx.x * static_cast<long long>(kThreads) + threadIdx.x; q < quads;
+       q += static_cast<long long>(gridDim.x) * kThreads)
+    local = fmaxf(local, max_abs(load_four(source + 4 * q)));
+  local = block_max(local);
+  if (threadIdx.x == 0 && local > 0.0f) atomic_max_abs(amax, local);
+}
+
+}  // namespace
+
+void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const float* static_scale, void* values,
+                          float* scales, cudaStream_t stream) {
+  if (rows.max_rows <= 0) return;
+  const auto* source = static_cast<const __nv_bfloat16*>(rows.source);
+  auto* out = static_cast<std::uint8_t*>(values);
+  const bool ue8m0 = spec.ue8m0_scales;
+  switch (spec.scheme) {
+    case QuantScheme::kBlock128:
+      quantize_rows_kernel<Granularity::kGroup128><<<rows.max_rows, kThreads, 0, stream>>>(
+          source, rows.source_row, rows.num_rows, rows.cols, ue8m0, nullptr, out, scales);
+      break;
+    case QuantScheme::kPerChannelPerToken:
+      quantize_rows_kernel<Granularity::kRow><<<rows.max_rows, kThreads, 0, stream>>>(
+          source, rows.source_row, rows.num_rows, rows.cols, ue8m0, nullptr, out, scales);
+      break;
+    case QuantScheme::kPerTensor:
+      if (static_scale == nullptr) {
+        HMOE_CUDA_CHECK(cudaMemsetAsync(scales + 1, 0, sizeof(float), stream));
+        const long long max_quads = static_cast<long long>(rows.amax_rows > 0 ? rows.amax_rows : rows.max_rows) * rows.cols / 4;
+        const int blocks = static_cast<int>(std::clamp<long long>((max_quads + kThreads * 8 - 1) / (kThreads * 8), 1, 1056));
+        amax_kernel<<<blocks, kThreads, 0, stream>>>(source, rows.amax_rows, rows.num_rows, rows.cols, scales + 1);
+        HMOE_CUDA_CHECK(cudaGetLastError());
+      }
+      quantize_rows_kernel<Granularity::kTensor><<<rows.max_rows, kThreads, 0, stream>>>(
+          source, rows.source_row, rows.num_rows, rows.cols, ue8m0, static_scale, out, scales);
+      break;
+    case QuantScheme::kNone:
+      throw Error("hmoe: internal error: FP8 quantisation requested for a bf16 layer");
+  }
+  HMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+void prepare() {
+  cudaFuncAttributes attributes;
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_rows_kernel<Granularity::kGroup128>));
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_rows_kernel<Granularity::kRow>));
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_rows_kernel<Granularity::kTensor>));
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, amax_kernel));
+}
+
+}  // namespace hmoe::quant

@@ -1,0 +1,32 @@
+// Dynamic (or static per-tensor) FP8 quantisation of activation rows: the layer input x as it is
+// gathered into expert-sorted rows, and the SwiGLU output before GEMM2 (DESIGN.md §2).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "hmoe/hmoe.hpp"
+
+namespace hmoe::quant {
+
+struct ActivationRows {
+  const void* source = nullptr;        // bf16 rows [*, cols]
+  const int* source_row = nullptr;     // row r reads source row source_row[r] (nullptr: row r itself)
+  const int* num_rows = nullptr;       // device count of rows to quantise (≤ max_rows)
+  int max_rows = 0;                    // bound for the grid
+  int cols = 0;
+  // Per-tensor dynamic scales cover these source rows instead (x: all T tokens, not only the
+  // gathered rows); 0 means the quantised rows themselves.
+  int amax_rows = 0;
+};
+
+// Writes e4m3 rows [max_rows, cols] to values (rows ≥ *num_rows untouched) and the scales the GEMM
+// reads: per 1×128 group [rows, cols/128] (fp8-block), per row [rows] (fp8-channel), or for
+// fp8-tensor scales[0] = the scale (static_scale when given, else from the amax kept in scales[1]).
+// Enqueues 1 kernel (3 launches for dynamic per-tensor: zero, amax, quantise).
+void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const float* static_scale, void* values,
+                          float* scales, cudaStream_t stream);
+
+// Loads the kernels (module loading is lazy), so the first run costs what later runs do.
+void prepare();
+
+}  // namespace hmoe::quant
