@@ -4,7 +4,8 @@
 # Usage: scripts/device-check.sh [--full-bench]   (full logs go to $OUT when set)
 # Environment (to split the work over device calls): HMOE_GTEST_FILTER (default: every GPU test),
 # HMOE_CHECK_DTYPES (default "bf16 fp8-tensor fp8-channel fp8-block"), HMOE_BENCH_DTYPES (default
-# "bf16 fp8-block"), HMOE_SKIP (space-separated: tests check bench).
+# "bf16 fp8-block"), HMOE_CHECK_TOKENS (default 1,7,64,1000,8192), HMOE_SKIP (space-separated:
+# tests check bench).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -49,7 +50,7 @@ if [[ $skip != *" check "* ]]; then
   for dtype in $check_dtypes; do
     ref=256; [ "$dtype" != bf16 ] && ref=48
     for preset in qwen3-30b-a3b deepseek-v3-tp8 olmoe-1b-7b qwen3-235b-a22b-tp4 mixtral-8x7b; do
-      timeout 150 "$bin/hmoe" check --model "$preset" --dtype "$dtype" --tokens 1,7,64,1000,8192 --ref-tokens $ref >>"$check_log" 2>&1
+      timeout 150 "$bin/hmoe" check --model "$preset" --dtype "$dtype" --tokens "${HMOE_CHECK_TOKENS:-1,7,64,1000,8192}" --ref-tokens $ref >>"$check_log" 2>&1
       [ "$dtype" != bf16 ] && continue
       timeout 60 "$bin/hmoe" check --model "$preset" --tokens 7,1000 --routing extreme >>"$check_log" 2>&1
       timeout 60 "$bin/hmoe" check --model "$preset" --tokens 64 --routing zipf --entry topk >>"$check_log" 2>&1
@@ -82,3 +83,4 @@ grep -vE '^(command|device|ceilings|fp8 ceiling|peer)' "$out/bench.log"
 echo
 echo "==== device-check summary ($(date -u +%FT%TZ)) ===="
 printf '%s\n' "${summary[@]}"
+tar -czf "$out/device-check-logs.tgz" -C "$out" --exclude device-check-logs.tgz --exclude sass.txt . 2>/dev/null

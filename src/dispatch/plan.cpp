@@ -47,8 +47,8 @@ Plan choose_plan(const MoeSpec& spec, int num_tokens, Orientation orientation, c
   int weight_tile = 64;
   if (plan.swap_ab && plan.token_tile >= 16 && plan.token_tile <= 64) weight_tile = 128;
   if (fp8 && plan.swap_ab && plan.token_tile >= 16) weight_tile = 128;
-  // Block scales promote a second accumulator: 128×256 tiles would not fit the register file.
-  if (!plan.swap_ab) weight_tile = plan.token_tile == 128 && quant != gemm::QuantKind::kBlockScale ? 256 : 128;
+  // FP8 promotes each K block into a second accumulator: 128×256 tiles would not fit the registers.
+  if (!plan.swap_ab) weight_tile = plan.token_tile == 128 && !fp8 ? 256 : 128;
   // GEMM1 reads x rows in place (no gather launch) while the layer has few (token, slot) pairs;
   // FP8 rows are quantised by the gather kernel, so FP8 always gathers.
   const bool gather_in_gemm = !fp8 && plan.swap_ab && plan.token_tile == 8 &&

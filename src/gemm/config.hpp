@@ -64,6 +64,9 @@ struct GemmConfig {
   // NOTE: block scales are applied per 128 K, so a K block must not straddle two weight blocks
   // and the tile's weight rows must fall in one 128-row block per SwiGLU half (weight tile ≤ 128).
   static_assert(kQuant != QuantKind::kBlockScale || kWeightTile <= kScaleGroup, "one weight scale block per tile half");
+  // FP8 keeps a second fp32 accumulator for the per-K-block promotion: at 2 × 128 floats a thread
+  // (128×256 tiles) ptxas spilled both to local memory, measured on H200 (docs/PERF.md).
+  static_assert(!kFp8 || kTileN <= 128, "two FP8 accumulators must fit the registers");
   static_assert(kTileM == 64 || kTileM == 128, "one or two consumer warpgroups of 64 rows each");
   static_assert(kTileN % 8 == 0 && kTileN >= 8 && kTileN <= 256, "wgmma N is a multiple of 8 up to 256");
   static constexpr int kABytes = kTileM * kTileRowBytes;
