@@ -15,6 +15,7 @@ scales, whose shapes choose the scheme (``block_shape=[128, 128]``: fp8-block; o
 fp8-tensor; one per output row: fp8-channel, with per-token activation scales).
 """
 
+import atexit
 import contextlib
 import warnings
 from typing import Optional
@@ -29,9 +30,7 @@ __all__ = ["PreparedWeights", "prepare_weights", "quantize_weights", "fused_expe
 # own T only; the bucket sizes the workspace), so a server sees a handful of runners per layer shape.
 _MIN_TOKEN_BUCKET = 16
 _runners: dict = {}
-# Eager runs on one device and stream reuse one workspace; a run being captured into a CUDA graph
-# takes its workspace from the graph's private pool, so a replay never shares memory with eager runs.
-_workspaces: dict = {}
+
 _raw_weights_warned = False
 
 _FP8_SCHEMES = ("fp8-tensor", "fp8-channel", "fp8-block")
@@ -69,9 +68,12 @@ class PreparedWeights:
 
 
 def clear_cache() -> None:
-    """Drops the cached runners and eager workspaces (they are rebuilt on the next call)."""
+    """Drops the cached runners (they are rebuilt on the next call)."""
     _runners.clear()
-    _workspaces.clear()
+
+
+# NOTE: runners still cached at interpreter exit made nanobind report them as leaked (seen on H200).
+atexit.register(clear_cache)
 
 
 # ---- Helpers ---------------------------------------------------------------------------------------
@@ -344,16 +346,13 @@ def _runner(spec_key: tuple, num_tokens: int, device_index: int):
 
 
 def _workspace(nbytes: int, device: torch.device, stream: int) -> torch.Tensor:
-    if torch.cuda.is_current_stream_capturing():
-        return torch.empty(nbytes, dtype=torch.uint8, device=device)
-    # NOTE: a workspace replaced here goes back to the caching allocator, which hands a block
-    # out again only to work on the stream that used it: no run can overwrite another's workspace.
-    cached = _workspaces.get(device.index)
-    if cached is not None and cached[0] == stream and cached[1].numel() >= nbytes:
-        return cached[1]
-    workspace = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    _workspaces[device.index] = (stream, workspace)
-    return workspace
+    # NOTE: a fresh tensor every call (the caching allocator hands back a block in about a
+    # microsecond): a workspace cached across calls outlived torch.compile's CUDA-graph warm-up runs,
+    # whose allocations come from the graph's private pool, and cudagraph trees refused it ("tensor in
+    # the cudagraph pool not tracked as outputs", seen on H200). Fresh per call is also safe under
+    # plain stream capture, where the graph's pool provides it.
+    del stream
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
 def _prepared_for_run(w13, w2, num_experts, hidden, intermediate, scheme, weights_prepared) -> tuple:
