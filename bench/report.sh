@@ -94,7 +94,9 @@ done
 # ---- The page and the plots.
 cuda_toolkit=$( (command -v nvcc >/dev/null && nvcc --version | grep -oE 'release [0-9.]+' | cut -d' ' -f2) || echo "?")
 torch_version=$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null || echo "not installed")
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo "?")
+# NOTE: the device tool copies the working tree but not always current git metadata: pass the
+# commit in HMOE_COMMIT when the copy's HEAD would be stale.
+commit=${HMOE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo "?")}
 GPU_LINE="$(cat "$results/gpu.txt")" CUDA_TOOLKIT="$cuda_toolkit" TORCH_VERSION="$torch_version" COMMIT="$commit" \
 FP8_STATUS="$fp8_status" SKIPPED_FILE="$skipped" python3 - "$results/env.json" <<'PY'
 import datetime, json, os, sys
