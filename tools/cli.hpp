@@ -71,6 +71,7 @@ int run_check(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);
 int run_tune(const std::vector<std::string>& args);
 int run_coldstart(const std::vector<std::string>& args);
+int run_quantize(const std::vector<std::string>& args);
 
 // The steady-clock time main() was entered (recorded first thing), for `hmoe coldstart`.
 void record_main_entry();

@@ -1,5 +1,6 @@
 // `hmoe`: inspect the device and kernels (info), check layers against the CPU reference (check),
-// time them against the hardware floor (bench), tune the variant choice (tune), time start-up (coldstart).
+// time them against the hardware floor (bench), tune the variant choice (tune), time start-up (coldstart),
+// quantise bf16 weights to FP8 (quantize).
 #include <iostream>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@ constexpr const char* kUsage =
     "  bench      time layers as CUDA-graph replays against the measured hardware floor\n"
     "  tune       time every eligible kernel variant per token count; write the tuned table\n"
     "  coldstart  time from process start to the first output, and first-call vs steady latency\n"
+    "  quantize   bf16 expert weights (raw file) -> e4m3 values and scales in a checkpoint FP8 layout\n"
     "run 'hmoe <command> --help' for the options of a command\n";
 
 }  // namespace
@@ -38,6 +40,7 @@ int main(int argc, char** argv) {
   if (command == "bench") return hmoe::cli::run_bench(rest);
   if (command == "tune") return hmoe::cli::run_tune(rest);
   if (command == "coldstart") return hmoe::cli::run_coldstart(rest);
+  if (command == "quantize") return hmoe::cli::run_quantize(rest);
   std::cerr << "hmoe: unknown command '" << command << "'\n" << kUsage;
   return hmoe::cli::kExitUsage;
 }

@@ -3,10 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "hmoe/hmoe.hpp"
+#include "reference/reference.hpp"
 #include "run_command.hpp"
 #include "testkit/device.hpp"
 
@@ -119,6 +124,50 @@ TEST(Cli, GpuCommandsSayWhenThereIsNoHopperGpu) {
     EXPECT_TRUE(contains(result.output, "no Hopper GPU")) << "hmoe " << arguments << "\n" << result.output;
     EXPECT_EQ(result.output.find('\n'), result.output.size() - 1) << "expected one line:\n" << result.output;
   }
+}
+
+
+// `hmoe quantize` on the CPU (this machine has no GPU): the files hold exactly what the reference
+// quantiser computes, for every scheme, with and without UE8M0 scales.
+TEST(Cli, QuantizeWritesTheReferenceBits) {
+  const std::string dir = ::testing::TempDir() + "hmoe_quantize_test";
+  std::filesystem::create_directories(dir);
+  const int experts = 2, rows = 256, cols = 128;
+  std::vector<std::uint16_t> bf16(static_cast<std::size_t>(experts) * rows * cols);
+  std::mt19937 generator(5);
+  std::uniform_real_distribution<float> uniform(-0.3f, 0.3f);
+  for (std::uint16_t& value : bf16) value = hmoe::reference::float_to_bf16(uniform(generator));
+  std::fill(bf16.begin(), bf16.begin() + cols, 0);   // an all-zero row: scale 1 for fp8-channel
+  const std::string input = dir + "/w.bf16";
+  std::ofstream(input, std::ios::binary).write(reinterpret_cast<const char*>(bf16.data()), bf16.size() * 2);
+  for (hmoe::QuantScheme scheme : {hmoe::QuantScheme::kPerTensor, hmoe::QuantScheme::kPerChannelPerToken,
+                                   hmoe::QuantScheme::kBlock128}) {
+    for (bool ue8m0 : {false, true}) {
+      const std::string prefix = dir + "/out";
+      const CliResult result = run_cli("quantize --dtype " + hmoe::to_string(scheme) + " --shape 2,256,128 --in " +
+                                       input + " --out " + prefix + (ue8m0 ? " --ue8m0" : "") + " --cpu");
+      ASSERT_EQ(result.exit_code, 0) << result.output;
+      EXPECT_TRUE(contains(result.output, "dequantised rel error")) << result.output;
+      hmoe::reference::Fp8Options options;
+      options.ue8m0_scales = ue8m0;
+      const hmoe::reference::QuantizedWeights expected =
+          hmoe::reference::quantize_weights(scheme, bf16.data(), experts, rows, cols, options);
+      const auto read = [](const std::string& path) {
+        std::ifstream file(path, std::ios::binary);
+        return std::string(std::istreambuf_iterator<char>(file), {});
+      };
+      EXPECT_EQ(read(prefix + ".e4m3"),
+                std::string(reinterpret_cast<const char*>(expected.values.data()), expected.values.size()));
+      EXPECT_EQ(read(prefix + ".scales.f32"),
+                std::string(reinterpret_cast<const char*>(expected.scales.data()), expected.scales.size() * 4));
+      EXPECT_FALSE(std::filesystem::exists(prefix + ".e4m3.partial"));
+    }
+  }
+  expect_usage_error("quantize --dtype fp8-block --shape 2,256,128 --out x", "missing --in");
+  expect_usage_error("quantize --dtype fp8-block --shape 2,256 --in " + input + " --out x", "three positive integers");
+  expect_usage_error("quantize --dtype fp8-block --shape 2,256,192 --in " + input + " --out x", "multiple of 128");
+  expect_usage_error("quantize --dtype fp8-tensor --shape 2,256,64 --in " + input + " --out x", "expected E*N*K*2");
+  expect_usage_error("quantize --dtype bf16 --shape 2,256,128 --in " + input + " --out x", "FP8 scheme");
 }
 
 }  // namespace
