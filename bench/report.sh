@@ -3,6 +3,8 @@
 # token sweeps of three presets against the cuBLAS loop and the PyTorch peers, the model-level
 # tables, a repeated sweep; then packs the page, the plots and the raw JSON into one tarball.
 # Usage: bench/report.sh            (on the H200; $OUT, when set, receives report.tgz)
+# Afterwards, commit the page, docs/img/*.png and the result JSON under bench/results/<date>/ together:
+# a CPU test (ReportPage.RegeneratesFromTheCommittedResults) rebuilds the page from the newest folder.
 # Environment: HMOE_REPORT_PRESETS (default "qwen3-30b-a3b deepseek-v3-tp8 mixtral-8x7b"),
 #              HMOE_REPORT_BUDGET_S (default 540: later steps are skipped, and said so, past it).
 set -uo pipefail

@@ -1,11 +1,16 @@
 // `hmoe bench` without a GPU: every malformed option is one line naming it, then the usage, exit 2;
 // --explain works for --spec and shows batch-invariant mode; the JSON/CSV renderings the scripts in
-// bench/ read parse and carry every field; the model layer table covers every preset.
+// bench/ read parse and carry every field; the model layer table covers every preset; the committed
+// benchmark page is what bench/report.py makes of the committed results.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "dispatch/json.hpp"
 #include "hmoe/hmoe.hpp"
@@ -171,6 +176,36 @@ TEST(BenchReport, CsvHasOneLinePerRowAndQuotesCommas) {
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 3) << csv;
   EXPECT_TRUE(contains(csv, "\"tuned:E=128,N=768.json\"")) << csv;
   EXPECT_TRUE(contains(csv, "cublas-loop,1,80,")) << csv;
+}
+
+}  // namespace
+
+namespace {
+
+// bench/report.py turns the newest H200 results committed under bench/results/ back into the page:
+// it runs without a GPU, and the committed page is what it writes (no hand edits, no drift).
+TEST(ReportPage, RegeneratesFromTheCommittedResults) {
+  namespace fs = std::filesystem;
+  const fs::path root = HMOE_SOURCE_DIR;
+  std::vector<fs::path> runs;
+  for (const auto& entry : fs::directory_iterator(root / "bench" / "results"))
+    if (entry.is_directory()) runs.push_back(entry.path());
+  ASSERT_FALSE(runs.empty()) << "no results under bench/results";
+  std::sort(runs.begin(), runs.end());   // dated folders: the last is the newest
+  const fs::path page = fs::path(::testing::TempDir()) / "BENCHMARKS.regenerated.md";
+  const hmoe::test::CommandResult result = hmoe::test::run_command(
+      "python3 '" + (root / "bench" / "report.py").string() + "' '" + runs.back().string() + "' '" + page.string() + "'");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto read = [](const fs::path& path) {
+    std::ifstream file(path);
+    return std::string(std::istreambuf_iterator<char>(file), {});
+  };
+  const std::string regenerated = read(page);
+  for (const char* section : {"## Ceilings", "## Model level", "## Repeatability", "@fp8-block"})
+    EXPECT_TRUE(contains(regenerated, section)) << section;
+  EXPECT_EQ(regenerated, read(root / "docs" / "BENCHMARKS.md"))
+      << "docs/BENCHMARKS.md differs from what bench/report.py makes of " << runs.back()
+      << ": commit the results bench/report.sh produced with the page";
 }
 
 }  // namespace
