@@ -14,7 +14,9 @@ in every input set) and times, per token count, on exactly that load:
                             activations quantised per row (x ahead of time, the SwiGLU output inside
                             the timed region)
 Each is captured in a CUDA graph per input set and replayed round-robin (eager event timing when
-capture fails; the row says which), median of the per-replay times. Output: JSON in the rows format
+capture fails; the row says which); the time is the mean over input sets of each set's median replay
+(as hmoe's testkit/replay_timing.hpp: the sets route differently, and the median of all replays
+together jumps between their modes), p10/p90 over all replays. Output: JSON in the rows format
 of `hmoe bench --json` (schema hmoe-bench/1), so bench/report.py merges it with hmoe's rows.
 
 Any torch API that is missing or fails is skipped with a one-line message on stderr; the other
@@ -71,6 +73,17 @@ def load_hmoe_json(path: str):
     return report, hmoe_rows
 
 
+
+def percentile(sorted_values, fraction):
+    return sorted_values[int(fraction * (len(sorted_values) - 1))]
+
+
+def summarize_replays(times_us, sets):
+    """(mean over sets of each set's median, p10, p90 over all): replay i ran input set i % sets."""
+    medians = [percentile(sorted(times_us[s::sets]), 0.5) for s in range(sets)]
+    ordered = sorted(times_us)
+    return sum(medians) / sets, percentile(ordered, 0.1), percentile(ordered, 0.9)
+
 class Timer:
     """Graph replays (or eager calls) of one callable per input set, timed one by one with events."""
 
@@ -122,12 +135,8 @@ class Timer:
             launches[index % len(launches)]()
             marks[index + 1].record()
         torch.cuda.synchronize()
-        times_us = sorted(1e3 * marks[i].elapsed_time(marks[i + 1]) for i in range(replays))
-
-        def percentile(fraction):
-            return times_us[int(fraction * (len(times_us) - 1))]
-
-        return percentile(0.5), percentile(0.1), percentile(0.9), replays, mode
+        times_us = [1e3 * marks[i].elapsed_time(marks[i + 1]) for i in range(replays)]
+        return (*summarize_replays(times_us, len(launches)), replays, mode)
 
 
 def quantise_rows(torch, matrix):

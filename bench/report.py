@@ -148,6 +148,14 @@ def repeat_section(results, names, lines):
         lines.append("")
 
 
+def _statistic(env) -> str:
+    """How a row's time was formed: results from before 2026-12-02's change used the median of all replays."""
+    if env.get("statistic") == "mean-of-set-medians":
+        return ("per input set the median of its replays, averaged over the sets (p10–p90 over all replays; "
+                "the median of all replays together jumped between the sets' modes)")
+    return "median of many (p10–p90 shown)"
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
@@ -164,7 +172,7 @@ def main(argv=None) -> int:
         f"PyTorch {env.get('torch', 'not installed')}; generated {env.get('date_utc', '?')} by `{env.get('command', 'bench/report.sh')}`"
         f" at commit {env.get('commit', '?')}.",
         "",
-        "What is timed: one MoE layer per call, CUDA-graph replays, median of many (p10–p90 shown), 4 input sets "
+        "What is timed: one MoE layer per call, CUDA-graph replays, " + _statistic(env) + ", 4 input sets "
         "rotating (each routes to different experts, so weights are not served from L2), fresh random inputs. "
         "hmoe runs its whole layer (routing from logits, permute, GEMM1 + SwiGLU, GEMM2, combine). The cuBLAS "
         "loop and the torch grouped-GEMM peers run GEMM1 + activation + GEMM2 only on rows already in expert "

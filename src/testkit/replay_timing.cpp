@@ -2,6 +2,7 @@
 #include "testkit/replay_timing.hpp"
 
 #include <algorithm>
+#include <string>
 
 namespace hmoe::testkit {
 namespace {
@@ -14,6 +15,27 @@ double percentile(const std::vector<double>& sorted, double fraction) {
 }
 
 }  // namespace
+
+ReplayTiming summarize_replays(const std::vector<double>& replay_us, int graphs) {
+  if (graphs < 1 || replay_us.size() < static_cast<std::size_t>(graphs))
+    throw Error("hmoe testkit: summarize_replays needs at least one replay of each of " + std::to_string(graphs) +
+                " graphs, got " + std::to_string(replay_us.size()));
+  ReplayTiming timing;
+  timing.replays = static_cast<int>(replay_us.size());
+  double sum_of_medians = 0.0;
+  for (int graph = 0; graph < graphs; ++graph) {
+    std::vector<double> own;
+    for (std::size_t replay = graph; replay < replay_us.size(); replay += graphs) own.push_back(replay_us[replay]);
+    std::sort(own.begin(), own.end());
+    sum_of_medians += percentile(own, 0.5);
+  }
+  timing.median_us = sum_of_medians / graphs;
+  std::vector<double> sorted = replay_us;
+  std::sort(sorted.begin(), sorted.end());
+  timing.p10_us = percentile(sorted, 0.1);
+  timing.p90_us = percentile(sorted, 0.9);
+  return timing;
+}
 
 ReplayTiming time_graph_replays(const std::vector<GraphExec>& graphs, double seconds_per_point, int min_replays,
                                 cudaStream_t stream) {
@@ -44,14 +66,7 @@ ReplayTiming time_graph_replays(const std::vector<GraphExec>& graphs, double sec
   std::vector<double> replay_us;
   replay_us.reserve(replays);
   for (int replay = 0; replay < replays; ++replay) replay_us.push_back(1e3 * elapsed_ms(marks[replay], marks[replay + 1]));
-  std::sort(replay_us.begin(), replay_us.end());
-
-  ReplayTiming timing;
-  timing.replays = replays;
-  timing.median_us = percentile(replay_us, 0.5);
-  timing.p10_us = percentile(replay_us, 0.1);
-  timing.p90_us = percentile(replay_us, 0.9);
-  return timing;
+  return summarize_replays(replay_us, static_cast<int>(graphs.size()));
 }
 
 }  // namespace hmoe::testkit

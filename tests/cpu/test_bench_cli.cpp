@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "testkit/bench_report.hpp"
 #include "testkit/device.hpp"
 #include "testkit/model_layers.hpp"
+#include "testkit/replay_timing.hpp"
 
 namespace {
 
@@ -206,6 +208,29 @@ TEST(ReportPage, RegeneratesFromTheCommittedResults) {
   EXPECT_EQ(regenerated, read(root / "docs" / "BENCHMARKS.md"))
       << "docs/BENCHMARKS.md differs from what bench/report.py makes of " << runs.back()
       << ": commit the results bench/report.sh produced with the page";
+}
+
+}  // namespace
+
+namespace {
+
+// Replays rotate over input sets that take different times: the reported time is the mean of each
+// set's median, which a small shift of the mixture cannot move between the sets' modes.
+TEST(ReplayTiming, MeanOfPerSetMedians) {
+  // Replay i ran set i % 2: set 0 around 100 µs, set 1 around 110 µs.
+  const std::vector<double> replays = {100.0, 110.0, 101.0, 111.0, 99.0, 109.0, 100.0, 110.0, 102.0, 112.0};
+  const hmoe::testkit::ReplayTiming timing = hmoe::testkit::summarize_replays(replays, 2);
+  EXPECT_EQ(timing.replays, 10);
+  EXPECT_DOUBLE_EQ(timing.median_us, (100.0 + 110.0) / 2);   // set medians 100 and 110
+  EXPECT_DOUBLE_EQ(timing.p10_us, 99.0);    // over all replays
+  EXPECT_DOUBLE_EQ(timing.p90_us, 111.0);
+  // Two replays more, one of each set: the mean of the set medians barely moves.
+  std::vector<double> more = replays;
+  more.push_back(111.0);
+  more.push_back(100.5);
+  const hmoe::testkit::ReplayTiming shifted = hmoe::testkit::summarize_replays(more, 2);
+  EXPECT_LT(std::abs(shifted.median_us - timing.median_us) / timing.median_us, 0.01);
+  EXPECT_THROW(hmoe::testkit::summarize_replays({1.0}, 2), hmoe::Error);
 }
 
 }  // namespace
