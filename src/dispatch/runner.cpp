@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
-#include <sstream>
 #include <string>
-#include <string_view>
 
 #include "combine/combine.hpp"
+#include "common/arguments.hpp"
 #include "common/cuda_check.hpp"
 #include "dispatch/plan.hpp"
 #include "gemm/tensor_map.hpp"
@@ -33,55 +32,15 @@ const T* advance(const T* pointer, std::size_t bytes) {
   return reinterpret_cast<const T*>(reinterpret_cast<const std::uint8_t*>(pointer) + bytes);
 }
 
-std::string describe(const void* pointer) {
-  std::ostringstream text;
-  text << pointer;
-  return text.str();
-}
-
-void require_alignment(const void* pointer, const char* name, std::size_t alignment) {
-  if (reinterpret_cast<std::uintptr_t>(pointer) % alignment != 0)
-    throw Error(std::string("hmoe: ") + name + " = " + describe(pointer) + " is not " + std::to_string(alignment) +
-                "-byte aligned");
-}
-
-void require_pointer(const void* pointer, const char* name, std::size_t alignment) {
-  if (pointer == nullptr) throw Error(std::string("hmoe: ") + name + " is null: expected a device pointer");
-  require_alignment(pointer, name, alignment);
-}
-
-// A device buffer a run reads or writes, for the overlap checks.
-struct Buffer {
-  const char* name;
-  const void* data;
-  std::size_t bytes;
-};
-
-bool overlap(const Buffer& a, const Buffer& b) {
-  if (a.data == nullptr || b.data == nullptr || a.bytes == 0 || b.bytes == 0) return false;
-  const auto a_begin = reinterpret_cast<std::uintptr_t>(a.data), b_begin = reinterpret_cast<std::uintptr_t>(b.data);
-  return a_begin < b_begin + b.bytes && b_begin < a_begin + a.bytes;
-}
+using arguments::Buffer;
+using arguments::require_alignment;
+using arguments::require_pointer;
 
 // The workspace and the output are written during a run: neither may overlap anything else it
 // touches, except that out may be x itself (in place: every chunk gathers its x rows before its
 // combine writes the same rows).
 void require_disjoint(std::initializer_list<Buffer> list) {
-  const Buffer* buffers = list.begin();   // NOTE: no heap allocation on the per-run path
-  for (std::size_t i = 0; i < list.size(); ++i) {
-    for (std::size_t j = i + 1; j < list.size(); ++j) {
-      const Buffer& a = buffers[i];
-      const Buffer& b = buffers[j];
-      const bool written = i < 2;  // buffers[0] is the workspace, buffers[1] the output
-      if (!written || !overlap(a, b)) continue;
-      const bool in_place = std::string_view(a.name) == "RunArgs.out" && std::string_view(b.name) == "RunArgs.x" &&
-                            a.data == b.data && a.bytes == b.bytes;
-      if (in_place) continue;
-      throw Error(std::string("hmoe: ") + a.name + " = " + describe(a.data) + " (" + std::to_string(a.bytes) +
-                  " bytes) overlaps " + b.name + " = " + describe(b.data) + " (" + std::to_string(b.bytes) +
-                  " bytes): expected disjoint device buffers");
-    }
-  }
+  arguments::require_disjoint(list, "RunArgs.out", "RunArgs.x");
 }
 
 int device_sm_count() {
