@@ -6,7 +6,7 @@ usage: python3 bench/report.py RESULTS_DIR OUT_MD
 RESULTS_DIR holds: ceilings.json (`hmoe bench --ceilings --json`), <preset>.json (`hmoe bench
 --model <preset> --peers cublas --e2e --json`), optionally <preset>.peers.json (bench/peers.py),
 <preset>.repeat.json (a second hmoe run of the same sweep), <preset>@<dtype>.json for FP8
-sweeps once hmoe has them, env.json (card, driver, CUDA, torch,
+sweeps (compared with the FP8 peer rows of <preset>.peers.json), env.json (card, driver, CUDA, torch,
 date, the report command, FP8 status) written by report.sh. Plots are referenced as
 img/<preset>.png next to the page. Every number printed comes from those files.
 """
@@ -84,10 +84,34 @@ def layer_section(name, main, peers, lines):
                       fmt(peer["hmoe_over_peer"], 2) if peer and peer.get("hmoe_over_peer") else "–"]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("hmoe/peer < 1 means hmoe is faster. The FP8 peer (if present) runs e4m3 against hmoe's bf16: "
-                 "no ratio is given for it.")
+    if layer.get("dtype", "bf16") == "bf16":
+        lines.append("hmoe/peer < 1 means hmoe is faster. The FP8 peer (if present) runs e4m3 against hmoe's bf16: "
+                     "no ratio is given for it here; the FP8 section of this preset compares it with hmoe's FP8.")
+    else:
+        lines.append(f"hmoe/peer < 1 means hmoe is faster. Both sides run e4m3 here: hmoe its whole {layer['dtype']} "
+                     "layer, the peer its GEMMs and activation only, with row-wise scales, on the same per-expert "
+                     "token counts (timed in the bf16 run of bench/peers.py).")
     lines.append("")
     return table
+
+
+def fp8_peers_for(name, main, results):
+    """The FP8 peer rows of the preset's bf16 peers file, with their ratios to hmoe's FP8 rows."""
+    if "@" not in name:
+        return None
+    path = os.path.join(results, f"{name.split('@')[0]}.peers.json")
+    if not os.path.exists(path):
+        return None
+    peers = read_json(path)
+    hmoe = rows_by_impl([main]).get("hmoe", {})
+    rows = []
+    for row in peers["rows"]:
+        if "fp8" not in row["impl"] or row["T"] not in hmoe:
+            continue
+        row = dict(row)
+        row["hmoe_over_peer"] = hmoe[row["T"]]["median_us"] / row["median_us"]
+        rows.append(row)
+    return {"command": peers["command"], "rows": rows} if rows else None
 
 
 def model_section(name, main, table, lines):
@@ -198,7 +222,7 @@ def main(argv=None) -> int:
     for name in names:
         main_report = read_json(os.path.join(results, f"{name}.json"))
         peers_path = os.path.join(results, f"{name}.peers.json")
-        peers_report = read_json(peers_path) if os.path.exists(peers_path) else None
+        peers_report = read_json(peers_path) if os.path.exists(peers_path) else fp8_peers_for(name, main_report, results)
         tables[name] = (main_report, layer_section(name, main_report, peers_report, lines))
     lines += ["## Model level: MoE part of time to first token and of a decode step", "",
               "All of the model's MoE layers at one layer's measured median (attention, norms and dense layers "
