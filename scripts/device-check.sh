@@ -5,7 +5,9 @@
 # Environment (to split the work over device calls): HMOE_GTEST_FILTER (default: every GPU test),
 # HMOE_CHECK_DTYPES (default "bf16 fp8-tensor fp8-channel fp8-block"), HMOE_BENCH_DTYPES (default
 # "bf16 fp8-block"), HMOE_CHECK_TOKENS (default 1,7,64,1000,8192), HMOE_SKIP (space-separated:
-# tests check bench).
+# tests check bench), HMOE_BUDGET_S (default 540: every step's timeout is cut to what is left of it,
+# later steps are skipped and said so). The summary and a tarball of every log (device-check-logs.tgz)
+# are written on any exit, so a device call that runs out of time still returns them.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -15,6 +17,20 @@ full_bench=0
 [ "${1:-}" = "--full-bench" ] && full_bench=1
 summary=()
 note() { summary+=("$1"); }
+started=$(date +%s)
+budget=${HMOE_BUDGET_S:-540}
+left() { echo $(( budget - ($(date +%s) - started) )); }
+# The timeout for a step that wants $1 seconds: at most what is left, less 15 s for the summary.
+limit() { local want=$1 room=$(( $(left) - 15 )); [ "$room" -lt "$want" ] && want=$room; echo "$want"; }
+finish() {
+  echo
+  [ -s "$out/bench.log" ] && grep -vE '^(command|device|ceilings|fp8 ceiling|peer)|cublasLt' "$out/bench.log"
+  echo
+  echo "==== device-check summary ($(date -u +%FT%TZ), $(( $(date +%s) - started )) s) ===="
+  printf '%s\n' "${summary[@]}"
+  tar -czf "$out/device-check-logs.tgz" -C "$out" --exclude device-check-logs.tgz --exclude sass.txt . 2>/dev/null
+}
+trap finish EXIT
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader | tee "$out/gpu.txt"
 
@@ -35,8 +51,10 @@ check_dtypes=${HMOE_CHECK_DTYPES:-"bf16 fp8-tensor fp8-channel fp8-block"}
 bench_dtypes=${HMOE_BENCH_DTYPES:-"bf16 fp8-block"}
 
 # ---- GPU tests (CTest files hold this machine's paths only when built here: run the binary).
-if [[ $skip != *" tests "* ]]; then
-  timeout 480 "$bin/hmoe_gpu_tests" --gtest_color=no --gtest_filter="${HMOE_GTEST_FILTER:-*}" >"$out/gpu_tests.log" 2>&1
+if [[ $skip != *" tests "* ]] && [ "$(limit 480)" -lt 30 ]; then
+  note "gpu tests  | skipped: the time budget of ${budget} s is spent"
+elif [[ $skip != *" tests "* ]]; then
+  timeout "$(limit 480)" "$bin/hmoe_gpu_tests" --gtest_color=no --gtest_filter="${HMOE_GTEST_FILTER:-*}" >"$out/gpu_tests.log" 2>&1
   rc=$?
   note "gpu tests  | filter ${HMOE_GTEST_FILTER:-*}: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]' "$out/gpu_tests.log" | tr '\n' ' ') (exit $rc)"
   grep -E '^\[  FAILED  \]' "$out/gpu_tests.log" | head -20
@@ -50,21 +68,26 @@ if [[ $skip != *" check "* ]]; then
   for dtype in $check_dtypes; do
     ref=256; [ "$dtype" != bf16 ] && ref=48
     for preset in qwen3-30b-a3b deepseek-v3-tp8 olmoe-1b-7b qwen3-235b-a22b-tp4 mixtral-8x7b; do
-      timeout 150 "$bin/hmoe" check --model "$preset" --dtype "$dtype" --tokens "${HMOE_CHECK_TOKENS:-1,7,64,1000,8192}" --ref-tokens $ref >>"$check_log" 2>&1
+      if [ "$(limit 150)" -lt 45 ]; then
+        echo "SKIPPED (time budget): hmoe check --model $preset --dtype $dtype" >>"$check_log"
+        continue
+      fi
+      timeout "$(limit 150)" "$bin/hmoe" check --model "$preset" --dtype "$dtype" --tokens "${HMOE_CHECK_TOKENS:-1,7,64,1000,8192}" --ref-tokens $ref >>"$check_log" 2>&1
       [ "$dtype" != bf16 ] && continue
-      timeout 60 "$bin/hmoe" check --model "$preset" --tokens 7,1000 --routing extreme >>"$check_log" 2>&1
-      timeout 60 "$bin/hmoe" check --model "$preset" --tokens 64 --routing zipf --entry topk >>"$check_log" 2>&1
+      timeout "$(limit 60)" "$bin/hmoe" check --model "$preset" --tokens 7,1000 --routing extreme >>"$check_log" 2>&1
+      timeout "$(limit 60)" "$bin/hmoe" check --model "$preset" --tokens 64 --routing zipf --entry topk >>"$check_log" 2>&1
     done
   done
   passes=$(grep -c PASS "$check_log"); fails=$(grep -c FAIL "$check_log")
   worst=$(grep -oE 'rel_err=[0-9.eE+-]+' "$check_log" | cut -d= -f2 | sort -g | tail -1)
-  note "hmoe check | $passes PASS, $fails FAIL, worst rel error ${worst:-?} (dtypes: $check_dtypes)"
+  note "hmoe check | $passes PASS, $fails FAIL, $(grep -c SKIPPED "$check_log") skipped, worst rel error ${worst:-?} (dtypes: $check_dtypes)"
   grep -E 'FAIL|rror' "$check_log" | head -10
 fi
 
 # ---- SASS: wgmma present, no local-memory traffic in the GEMM kernels.
 if command -v cuobjdump >/dev/null; then
   cuobjdump --dump-sass "$bin/hmoe" >"$out/sass.txt" 2>/dev/null
+  note "no JIT     | PTX entries $(cuobjdump --list-ptx "$bin/hmoe" 2>/dev/null | grep -c ptx), sm_90a ELF $(cuobjdump --list-elf "$bin/hmoe" 2>/dev/null | grep -c sm_90a), $("$bin/hmoe" info --kernels 2>/dev/null | head -1)"
   note "sass       | HGMMA $(grep -c HGMMA "$out/sass.txt"), QGMMA $(grep -c QGMMA "$out/sass.txt"), UTMALDG $(grep -c UTMALDG "$out/sass.txt"), LDL/STL $(grep -cE '\b(LDL|STL)\b' "$out/sass.txt")"
 fi
 
@@ -73,14 +96,9 @@ if [ $full_bench = 1 ]; then tokens=1,2,4,8,16,32,64,128,256,512,1024,2048,4096,
 : >"$out/bench.log"
 if [[ $skip != *" bench "* ]]; then
   for dtype in $bench_dtypes; do
-    timeout 180 "$bin/hmoe" bench --model qwen3-30b-a3b --dtype "$dtype" --tokens "$tokens" >>"$out/bench.log" 2>&1
+    [ "$(limit 180)" -lt 30 ] && { note "bench $dtype | skipped: the time budget is spent"; continue; }
+    timeout "$(limit 180)" "$bin/hmoe" bench --model qwen3-30b-a3b --dtype "$dtype" --tokens "$tokens" >>"$out/bench.log" 2>&1
     note "bench $dtype | exit $? (table above)"
   done
 fi
 
-echo
-grep -vE '^(command|device|ceilings|fp8 ceiling|peer)' "$out/bench.log"
-echo
-echo "==== device-check summary ($(date -u +%FT%TZ)) ===="
-printf '%s\n' "${summary[@]}"
-tar -czf "$out/device-check-logs.tgz" -C "$out" --exclude device-check-logs.tgz --exclude sass.txt . 2>/dev/null
