@@ -1,6 +1,6 @@
-// Randomised differential test (issue 7): random layer specs, token counts, routing skews, entry
-// points, orientations, batch-invariant mode and workspace caps, each checked against the float64
-// reference on sampled tokens. Every case is drawn from (seed, case index) alone, so a failure
+// Randomised differential test (issue 7): random layer specs (bf16, and FP8 in every scheme), token
+// counts, routing skews, entry points, orientations, batch-invariant mode and workspace caps, each
+// checked against the float64 reference on sampled tokens (FP8: the quantisation-emulating one). Every case is drawn from (seed, case index) alone, so a failure
 // prints the two numbers that replay it:
 //   HMOE_FUZZ_SEED=<seed> HMOE_FUZZ_CASE=<index> hmoe_gpu_tests --gtest_filter='Differential.*'
 // HMOE_FUZZ_CASES sets how many cases run (default 300, about a minute on an H200).
@@ -101,11 +101,23 @@ FuzzCase draw_case(std::uint64_t seed, int index) {
   const int orientation = uniform(generator, 0, 3);
   options.orientation = orientation == 2 ? Orientation::kNormal : orientation == 3 ? Orientation::kSwapAB : Orientation::kAuto;
   options.batch_invariant = options.orientation != Orientation::kSwapAB && chance(generator, 0.1);
-  if (options.num_tokens > 1 && chance(generator, 0.15))
-    options.max_workspace_bytes = dispatch::workspace_layout(spec, uniform(generator, 1, options.num_tokens - 1)).total;
+  const int capped_tokens = options.num_tokens > 1 && chance(generator, 0.15) ? uniform(generator, 1, options.num_tokens - 1) : 0;
   options.seed = seed * 7919 + index;
   const double flops_per_token = 6.0 * spec.top_k * spec.hidden * static_cast<double>(spec.intermediate);
   options.max_reference_tokens = std::clamp(static_cast<int>(kReferenceFlopsPerCase / flops_per_token), 2, 32);
+  // FP8 in 30% of the cases. NOTE: drawn after everything else, so the bf16 draws of a (seed, index)
+  // are the ones they were before FP8 joined; fp8-block needs H and I multiples of 128.
+  if (chance(generator, 0.3)) {
+    const QuantScheme schemes[] = {QuantScheme::kPerTensor, QuantScheme::kPerChannelPerToken, QuantScheme::kBlock128};
+    spec.weight_dtype = WeightDType::kFP8E4M3;
+    spec.scheme = schemes[uniform(generator, 0, 2)];
+    if (spec.scheme == QuantScheme::kBlock128 && (spec.hidden % 128 != 0 || spec.intermediate % 128 != 0))
+      spec.scheme = QuantScheme::kPerChannelPerToken;
+    spec.ue8m0_scales = chance(generator, 0.25);
+    options.static_act_scales = spec.scheme == QuantScheme::kPerTensor && chance(generator, 0.5);
+  }
+  // The cap is a workspace size: sized with the final dtype, whose layout holds more regions.
+  if (capped_tokens > 0) options.max_workspace_bytes = dispatch::workspace_layout(spec, capped_tokens).total;
   return {spec, options};
 }
 
@@ -118,6 +130,9 @@ std::string describe(const FuzzCase& c) {
     text << "(" << spec.routing.num_groups << "g/" << spec.routing.topk_groups << ")";
   else
     text << (spec.routing.renormalize ? "(renorm)" : "");
+  if (spec.weight_dtype == WeightDType::kFP8E4M3)
+    text << " " << to_string(spec.scheme) << (spec.ue8m0_scales ? "(ue8m0)" : "")
+         << (c.options.static_act_scales ? "(static)" : "");
   text << (spec.routing.logits_dtype == LogitsDType::kBFloat16 ? " bf16-logits" : "") << " T=" << c.options.num_tokens
        << " " << testkit::to_string(c.options.routing) << " " << testkit::to_string(c.options.entry) << " "
        << to_string(c.options.orientation) << (c.options.batch_invariant ? " batch-invariant" : "");
@@ -142,7 +157,8 @@ TEST(Differential, RandomSpecsMatchReference) {
     std::string verdict;
     try {
       const testkit::Stream stream;
-      const testkit::LayerWeights weights = testkit::make_layer_weights(c.spec, c.options.seed, true, stream.get());
+      const testkit::LayerWeights weights =
+          testkit::make_layer_weights(c.spec, c.options.seed, true, stream.get(), c.options.static_act_scales);
       const testkit::CheckResult result = testkit::check_layer(weights, c.options);
       worst_error = std::max(worst_error, result.rel_error);
       chunked += result.plan.num_chunks > 1 ? 1 : 0;
