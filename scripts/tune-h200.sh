@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Tunes the five presets (bf16) on this GPU into tuned/, then reports what tuning gained (tuned vs
+# Tunes presets (bf16 by default, FP8 schemes on request) on this GPU into tuned/, then reports what tuning gained (tuned vs
 # analytic rule vs best single variant, geometric mean over the sweep), cold start and first-call
 # latency, and host overhead; a compact table last. About 4-5 minutes on an H200 after the build.
 # Usage: scripts/tune-h200.sh   (logs and the tuned tables also go to $OUT when set)
+# Environment: HMOE_TUNE_PRESETS (default: the five presets), HMOE_TUNE_DTYPES (default "bf16"; any of
+# bf16 fp8-tensor fp8-channel fp8-block), HMOE_TUNE_ONLY=1 (tables and the tuned-vs-analytic recheck
+# only: no cold start, first-call or host-overhead steps).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 out=${OUT:-/tmp/hmoe-tune-h200}
 mkdir -p "$out/tuned"
-presets="qwen3-30b-a3b deepseek-v3-tp8 olmoe-1b-7b qwen3-235b-a22b-tp4 mixtral-8x7b"
+presets=${HMOE_TUNE_PRESETS:-"qwen3-30b-a3b deepseek-v3-tp8 olmoe-1b-7b qwen3-235b-a22b-tp4 mixtral-8x7b"}
+dtypes=${HMOE_TUNE_DTYPES:-bf16}
 summary=()
 note() { summary+=("$1"); }
 start_all=$(date +%s)
@@ -33,50 +37,58 @@ rc=$?
 note "gpu tests    | DispatchGpu.*: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$out/dispatch_tests.log" | tr '\n' ' ')(exit $rc)"
 
 # ---- Tune every preset into tuned/ (resumable: rerunning picks up *.partial files).
-for preset in $presets; do
-  start=$(date +%s)
-  timeout 150 "$hmoe" tune --model "$preset" --out tuned >"$out/tune-$preset.log" 2>"$out/tune-$preset.err"
-  rc=$?
-  line=$(grep '^summary:' "$out/tune-$preset.log" | sed 's/^summary: //')
-  note "tune         | $preset: ${line:-FAILED (exit $rc, see tune-$preset.err)} [$(( $(date +%s) - start )) s]"
+for dtype in $dtypes; do
+  for preset in $presets; do
+    start=$(date +%s)
+    log="$out/tune-$preset-$dtype"
+    timeout 150 "$hmoe" tune --model "$preset" --dtype "$dtype" --out tuned >"$log.log" 2>"$log.err"
+    rc=$?
+    line=$(grep '^summary:' "$log.log" | sed 's/^summary: //')
+    note "tune         | $preset $dtype: ${line:-FAILED (exit $rc, see $(basename "$log").err)} [$(( $(date +%s) - start )) s]"
+  done
 done
 cp tuned/*.json "$out/tuned/" 2>/dev/null
 note "tables       | $(ls tuned/*.json 2>/dev/null | wc -l) in tuned/ (copied to \$OUT/tuned/)"
 
 # ---- Independent check, fresh measurements: tuned table vs analytic rule (empty HMOE_TUNED_DIR).
 empty=$(mktemp -d)
-for preset in qwen3-30b-a3b; do
-  "$hmoe" bench --model "$preset" --explain >"$out/explain-$preset.log" 2>&1
-  timeout 60 "$hmoe" bench --model "$preset" --tokens 1,16,256,4096 >"$out/bench-tuned-$preset.log" 2>&1
-  HMOE_TUNED_DIR=$empty timeout 60 "$hmoe" bench --model "$preset" --tokens 1,16,256,4096 \
-    >"$out/bench-analytic-$preset.log" 2>&1
-  ratio=$(paste <(grep -E '^ +[0-9]+ ' "$out/bench-analytic-$preset.log" | awk '{print $1, $2}') \
-                <(grep -E '^ +[0-9]+ ' "$out/bench-tuned-$preset.log" | awk '{print $2}') |
+for dtype in $dtypes; do
+  preset=qwen3-30b-a3b
+  "$hmoe" bench --model "$preset" --dtype "$dtype" --explain >"$out/explain-$preset-$dtype.log" 2>&1
+  timeout 60 "$hmoe" bench --model "$preset" --dtype "$dtype" --tokens 1,16,256,4096 >"$out/bench-tuned-$preset-$dtype.log" 2>&1
+  HMOE_TUNED_DIR=$empty timeout 60 "$hmoe" bench --model "$preset" --dtype "$dtype" --tokens 1,16,256,4096 \
+    >"$out/bench-analytic-$preset-$dtype.log" 2>&1
+  ratio=$(paste <(grep -E '^ +[0-9]+ ' "$out/bench-analytic-$preset-$dtype.log" | awk '{print $1, $2}') \
+                <(grep -E '^ +[0-9]+ ' "$out/bench-tuned-$preset-$dtype.log" | awk '{print $2}') |
           awk '{printf "T=%s %.2fx ", $1, $2/$3; s += log($2/$3); n++} END {if (n) printf "| geomean %.3fx", exp(s/n)}')
-  note "bench recheck| $preset analytic/tuned: ${ratio:-n/a}"
+  note "bench recheck| $preset $dtype analytic/tuned: ${ratio:-n/a}"
 done
 rmdir "$empty"
+if [ "${HMOE_TUNE_ONLY:-0}" = 1 ]; then presets_timed=""; else presets_timed=$presets; fi
 
 # ---- Cold start and first-call latency, one fresh process per preset.
-for preset in $presets; do
+for preset in $presets_timed; do
   timeout 60 "$hmoe" coldstart --model "$preset" >"$out/coldstart-$preset.log" 2>&1
   note "coldstart    | $(grep '^coldstart:' "$out/coldstart-$preset.log" | sed 's/^coldstart: //' || echo "$preset FAILED")"
 done
 
 # ---- Host overhead: CPU time per run and per graph launch, launches per layer.
-for preset in qwen3-30b-a3b deepseek-v3-tp8; do
+host_presets="qwen3-30b-a3b deepseek-v3-tp8"; [ -z "$presets_timed" ] && host_presets=""
+for preset in $host_presets; do
   timeout 60 "$hmoe" bench --model "$preset" --host-overhead >"$out/host-overhead-$preset.log" 2>&1
   while read -r t run p90 graph kernels nodes rest; do
     note "host         | $preset T=$t: run ${run} us (p90 ${p90}), graph launch ${graph} us, ${kernels} kernels/${nodes} nodes"
   done < <(grep -E '^ +[0-9]+ ' "$out/host-overhead-$preset.log")
 done
 
-for preset in $presets; do
-  echo "==== $preset: tune"; cat "$out/tune-$preset.log"; tail -3 "$out/tune-$preset.err"
-  echo "==== $preset: coldstart"; cat "$out/coldstart-$preset.log"
+for dtype in $dtypes; do
+  for preset in $presets; do
+    echo "==== $preset $dtype: tune"; cat "$out/tune-$preset-$dtype.log"; tail -3 "$out/tune-$preset-$dtype.err"
+  done
+  echo "==== qwen3-30b-a3b $dtype: explain"; cat "$out/explain-qwen3-30b-a3b-$dtype.log"
 done
-echo "==== qwen3-30b-a3b: explain"; cat "$out/explain-qwen3-30b-a3b.log"
-for preset in qwen3-30b-a3b deepseek-v3-tp8; do
+for preset in $presets_timed; do echo "==== $preset: coldstart"; cat "$out/coldstart-$preset.log"; done
+for preset in $host_presets; do
   echo "==== $preset: host overhead"; cat "$out/host-overhead-$preset.log"
 done
 grep -E '^\[  FAILED  \]' "$out/dispatch_tests.log" | head -20
