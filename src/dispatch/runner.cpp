@@ -125,6 +125,18 @@ void MoeRunner::check_args(const RunArgs& args) const {
                 ": expected nullptr (static activation scales exist for fp8-tensor only)");
   require_alignment(args.act_scale, "RunArgs.act_scale", 4);
   require_alignment(args.intermediate_act_scale, "RunArgs.intermediate_act_scale", 4);
+  // A dynamic per-tensor scale is a property of the whole batch: it cannot be batch-invariant, and
+  // chunks would each find their own (the intermediate's amax needs every chunk's GEMM1 first).
+  const bool dynamic_tensor_scale = spec_.scheme == QuantScheme::kPerTensor &&
+                                    (args.act_scale == nullptr || args.intermediate_act_scale == nullptr);
+  if (dynamic_tensor_scale && spec_.batch_invariant)
+    throw Error("hmoe: RunArgs.act_scale/intermediate_act_scale are null with MoeSpec.batch_invariant: fp8-tensor "
+                "needs static activation scales for batch invariance (a dynamic scale depends on the whole batch)");
+  if (dynamic_tensor_scale && args.num_tokens > chunk_tokens_)
+    throw Error("hmoe: RunArgs.num_tokens = " + std::to_string(args.num_tokens) + " runs in chunks of " +
+                std::to_string(chunk_tokens_) + " (PlanOptions.max_workspace_bytes) and RunArgs.act_scale/"
+                "intermediate_act_scale are null: fp8-tensor's dynamic scales cover the whole batch, so chunked runs "
+                "need static scales (or a workspace cap that fits every token)");
   if (args.workspace_size < workspace_bytes_)
     throw Error("hmoe: RunArgs.workspace_size = " + std::to_string(args.workspace_size) + ": expected at least " +
                 std::to_string(workspace_bytes_) + " (MoeRunner::workspace_bytes())");

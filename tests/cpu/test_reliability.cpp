@@ -271,6 +271,45 @@ TEST(BadInput, Fp8RunArgsAreNamed) {
                  {"w13_scale/w2_scale are set for a bf16 layer"});
 }
 
+// fp8-tensor's dynamic scales cover the whole batch: batch-invariant or chunked runs must pass
+// static scales, and say so instead of quietly using per-chunk scales.
+TEST(BadInput, DynamicTensorScalesNeedTheWholeBatch) {
+  MoeSpec spec = preset("qwen3-30b-a3b");
+  spec.weight_dtype = WeightDType::kFP8E4M3;
+  spec.scheme = QuantScheme::kPerTensor;
+  RunArgs args;
+  args.num_tokens = 16;
+  args.x = fake_device_pointer(1);
+  args.out = fake_device_pointer(2);
+  args.weights.w13 = fake_device_pointer(3);
+  args.weights.w2 = fake_device_pointer(4);
+  args.weights.w13_scale = fake_device_pointer<const float>(8);
+  args.weights.w2_scale = fake_device_pointer<const float>(9);
+  args.workspace = fake_device_pointer(5);
+  const auto* ids = fake_device_pointer<const std::int32_t>(6);
+  const auto* weights = fake_device_pointer<const float>(7);
+
+  MoeSpec invariant = spec;
+  invariant.batch_invariant = true;
+  const MoeRunner invariant_runner(invariant, plan_options(16));
+  args.workspace_size = invariant_runner.workspace_bytes();
+  expect_message("batch-invariant fp8-tensor with dynamic scales",
+                 error_of([&] { invariant_runner.run_from_topk(args, ids, weights, nullptr); }),
+                 {"batch_invariant", "static activation scales"});
+
+  const std::size_t four_tokens = dispatch::workspace_layout(spec, 4).total;
+  const MoeRunner chunked(spec, plan_options(16, Orientation::kAuto, four_tokens));
+  ASSERT_EQ(chunked.chunk_tokens(), 4);
+  args.workspace_size = chunked.workspace_bytes();
+  expect_message("chunked fp8-tensor with dynamic scales",
+                 error_of([&] { chunked.run_from_topk(args, ids, weights, nullptr); }),
+                 {"num_tokens = 16 runs in chunks of 4", "need static scales"});
+  // Only the intermediate's scale static is still dynamic for x: rejected the same way.
+  args.intermediate_act_scale = fake_device_pointer<const float>(11);
+  expect_message("chunked fp8-tensor with a dynamic x scale",
+                 error_of([&] { chunked.run_from_topk(args, ids, weights, nullptr); }), {"need static scales"});
+}
+
 TEST(BadInput, QuantizeWeightsNamesItsArguments) {
   MoeSpec spec = preset("qwen3-30b-a3b");
   expect_message("quantize_weights on a bf16 spec",

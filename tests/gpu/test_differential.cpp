@@ -114,7 +114,9 @@ FuzzCase draw_case(std::uint64_t seed, int index) {
     if (spec.scheme == QuantScheme::kBlock128 && (spec.hidden % 128 != 0 || spec.intermediate % 128 != 0))
       spec.scheme = QuantScheme::kPerChannelPerToken;
     spec.ue8m0_scales = chance(generator, 0.25);
-    options.static_act_scales = spec.scheme == QuantScheme::kPerTensor && chance(generator, 0.5);
+    // Batch-invariant and chunked fp8-tensor runs need static scales (MoeRunner rejects dynamic ones).
+    options.static_act_scales = spec.scheme == QuantScheme::kPerTensor &&
+                                (chance(generator, 0.5) || options.batch_invariant || capped_tokens > 0);
     // A dynamic per-tensor scale makes the reference run GEMM1 over every token (its amax): keep T small.
     if (spec.scheme == QuantScheme::kPerTensor && !options.static_act_scales)
       options.num_tokens = std::min(options.num_tokens, 256);
