@@ -189,7 +189,6 @@ class MoeRunner {
 
  private:
   void check_args(const RunArgs& args) const;
-  std::size_t scale_bytes(WeightMatrix matrix) const;
   void prepare_kernels() const;
   void run_experts(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights, int num_sms,
                    cudaStream_t stream) const;
@@ -199,6 +198,8 @@ class MoeRunner {
   int num_sms_ = 0;
   std::size_t workspace_bytes_ = 0;
   int chunk_tokens_ = 0;
+  std::size_t w13_scale_bytes_ = 0;      // FP8 weight scales, for the overlap checks (0 for bf16)
+  std::size_t w2_scale_bytes_ = 0;
   // A forced variant or this device's tuned table, found once here (docs/DISPATCH.md).
   std::shared_ptr<const dispatch::PlanOverrides> overrides_;
 };

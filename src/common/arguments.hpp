@@ -62,4 +62,32 @@ inline void require_disjoint(std::initializer_list<Buffer> list, std::string_vie
   }
 }
 
+// The names one entry point gives its FP8 arguments in messages ("RunArgs.weights.w13_scale", ...):
+// string literals, so a call that passes builds no string.
+struct Fp8ArgumentNames {
+  const char* args;             // "RunArgs"
+  const char* w13_scale;        // "RunArgs.weights.w13_scale"
+  const char* w2_scale;
+  const char* act_scale;
+  const char* intermediate_act_scale;
+};
+
+// FP8 layers need both weight scales; bf16 layers take none; static activation scales exist for
+// fp8-tensor only.
+inline void require_fp8_arguments(const MoeSpec& spec, const Weights& weights, const float* act_scale,
+                                  const float* intermediate_act_scale, const Fp8ArgumentNames& names) {
+  if (spec.weight_dtype == WeightDType::kFP8E4M3) {
+    require_pointer(weights.w13_scale, names.w13_scale, 4);
+    require_pointer(weights.w2_scale, names.w2_scale, 4);
+  } else if (weights.w13_scale != nullptr || weights.w2_scale != nullptr) {
+    throw Error(std::string("hmoe: ") + names.args +
+                ".weights.w13_scale/w2_scale are set for a bf16 layer: expected nullptr (FP8 only)");
+  }
+  if (spec.scheme != QuantScheme::kPerTensor && (act_scale != nullptr || intermediate_act_scale != nullptr))
+    throw Error(std::string("hmoe: ") + names.args + ".act_scale/intermediate_act_scale are set for scheme " +
+                to_string(spec.scheme) + ": expected nullptr (static activation scales exist for fp8-tensor only)");
+  require_alignment(act_scale, names.act_scale, 4);
+  require_alignment(intermediate_act_scale, names.intermediate_act_scale, 4);
+}
+
 }  // namespace hmoe::arguments

@@ -71,6 +71,8 @@ MoeRunner::MoeRunner(const MoeSpec& spec, const PlanOptions& options) : spec_(sp
                 "(batch-invariant mode always runs the normal orientation)");
   chunk_tokens_ = dispatch::chunk_tokens(spec_, options.max_tokens, options.max_workspace_bytes);
   workspace_bytes_ = dispatch::workspace_layout(spec_, chunk_tokens_).total;
+  w13_scale_bytes_ = weight_scale_count(spec_, WeightMatrix::kW13) * sizeof(float);
+  w2_scale_bytes_ = weight_scale_count(spec_, WeightMatrix::kW2) * sizeof(float);
   overrides_ = dispatch::make_plan_overrides(spec_, options_);
   if (!dispatch::current_device_name().empty()) prepare_kernels();
 }
@@ -114,17 +116,9 @@ void MoeRunner::check_args(const RunArgs& args) const {
   require_alignment(args.weights.correction_bias, "RunArgs.weights.correction_bias", 4);
   require_alignment(args.invalid_id_count, "RunArgs.invalid_id_count", 4);
   require_pointer(args.workspace, "RunArgs.workspace", 256);
-  if (spec_.weight_dtype == WeightDType::kFP8E4M3) {
-    require_pointer(args.weights.w13_scale, "RunArgs.weights.w13_scale", 4);
-    require_pointer(args.weights.w2_scale, "RunArgs.weights.w2_scale", 4);
-  } else if (args.weights.w13_scale != nullptr || args.weights.w2_scale != nullptr) {
-    throw Error("hmoe: RunArgs.weights.w13_scale/w2_scale are set for a bf16 layer: expected nullptr (FP8 only)");
-  }
-  if (spec_.scheme != QuantScheme::kPerTensor && (args.act_scale != nullptr || args.intermediate_act_scale != nullptr))
-    throw Error("hmoe: RunArgs.act_scale/intermediate_act_scale are set for scheme " + to_string(spec_.scheme) +
-                ": expected nullptr (static activation scales exist for fp8-tensor only)");
-  require_alignment(args.act_scale, "RunArgs.act_scale", 4);
-  require_alignment(args.intermediate_act_scale, "RunArgs.intermediate_act_scale", 4);
+  arguments::require_fp8_arguments(spec_, args.weights, args.act_scale, args.intermediate_act_scale,
+                                   {"RunArgs", "RunArgs.weights.w13_scale", "RunArgs.weights.w2_scale",
+                                    "RunArgs.act_scale", "RunArgs.intermediate_act_scale"});
   // A dynamic per-tensor scale is a property of the whole batch: it cannot be batch-invariant, and
   // chunks would each find their own (the intermediate's amax needs every chunk's GEMM1 first).
   const bool dynamic_tensor_scale = spec_.scheme == QuantScheme::kPerTensor &&
@@ -157,8 +151,8 @@ void MoeRunner::run_from_logits(const RunArgs& args, const void* router_logits, 
                     {"RunArgs.weights.correction_bias", grouped ? args.weights.correction_bias : nullptr,
                      static_cast<std::size_t>(spec_.num_experts) * 4},
                     {"RunArgs.invalid_id_count", args.invalid_id_count, 4},
-                    {"RunArgs.weights.w13_scale", args.weights.w13_scale, scale_bytes(WeightMatrix::kW13)},
-                    {"RunArgs.weights.w2_scale", args.weights.w2_scale, scale_bytes(WeightMatrix::kW2)},
+                    {"RunArgs.weights.w13_scale", args.weights.w13_scale, w13_scale_bytes_},
+                    {"RunArgs.weights.w2_scale", args.weights.w2_scale, w2_scale_bytes_},
                     {"RunArgs.act_scale", args.act_scale, 4},
                     {"RunArgs.intermediate_act_scale", args.intermediate_act_scale, 4}});
   if (args.num_tokens == 0) return;
@@ -193,8 +187,8 @@ void MoeRunner::run_from_topk(const RunArgs& args, const std::int32_t* topk_ids,
                     {"topk_ids", topk_ids, tokens * slot_bytes},
                     {"topk_weights", topk_weights, tokens * slot_bytes},
                     {"RunArgs.invalid_id_count", args.invalid_id_count, 4},
-                    {"RunArgs.weights.w13_scale", args.weights.w13_scale, scale_bytes(WeightMatrix::kW13)},
-                    {"RunArgs.weights.w2_scale", args.weights.w2_scale, scale_bytes(WeightMatrix::kW2)},
+                    {"RunArgs.weights.w13_scale", args.weights.w13_scale, w13_scale_bytes_},
+                    {"RunArgs.weights.w2_scale", args.weights.w2_scale, w2_scale_bytes_},
                     {"RunArgs.act_scale", args.act_scale, 4},
                     {"RunArgs.intermediate_act_scale", args.intermediate_act_scale, 4}});
   if (args.num_tokens == 0) return;
@@ -208,8 +202,6 @@ void MoeRunner::run_from_topk(const RunArgs& args, const std::int32_t* topk_ids,
     run_experts(chunk, advance(topk_ids, slots_before), advance(topk_weights, slots_before), sms, stream);
   }
 }
-
-std::size_t MoeRunner::scale_bytes(WeightMatrix matrix) const { return weight_scale_count(spec_, matrix) * 4; }
 
 // One chunk (the whole run when unchunked): permute → GEMM1 → GEMM2 → combine, with its own plan.
 void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights,

@@ -58,10 +58,6 @@ void require_disjoint(std::initializer_list<Buffer> list) {
 
 std::size_t row_bytes(const EpConfig& config) { return static_cast<std::size_t>(config.spec.hidden) * 2; }
 
-std::size_t local_scale_bytes(const EpConfig& config, WeightMatrix matrix) {
-  return weight_scale_count(config.local_spec, matrix) * 4;
-}
-
 }  // namespace
 
 EpConfig make_ep_config(const MoeSpec& spec, int rank, int world_size, const EpOptions& options) {
@@ -97,6 +93,8 @@ EpConfig make_ep_config(const MoeSpec& spec, int rank, int world_size, const EpO
                 std::to_string(worst_case) + " rows exceeds the local runner's " + std::to_string(kMaxRows) +
                 ": set max_recv_rows to the most rows one rank may receive");
   config.max_recv_rows = options.max_recv_rows > 0 ? options.max_recv_rows : static_cast<int>(worst_case);
+  config.w13_scale_bytes = weight_scale_count(config.local_spec, WeightMatrix::kW13) * sizeof(float);
+  config.w2_scale_bytes = weight_scale_count(config.local_spec, WeightMatrix::kW2) * sizeof(float);
   return config;
 }
 
@@ -159,18 +157,9 @@ void check_run_args(const EpConfig& config, std::size_t workspace_bytes, const E
   require_alignment(args.weights.correction_bias, "EpRunArgs.weights.correction_bias", 4);
   require_alignment(args.invalid_id_count, "EpRunArgs.invalid_id_count", 4);
   require_pointer(args.workspace, "EpRunArgs.workspace", 256);
-  const MoeSpec& spec = config.spec;
-  if (spec.weight_dtype == WeightDType::kFP8E4M3) {
-    require_pointer(args.weights.w13_scale, "EpRunArgs.weights.w13_scale", 4);
-    require_pointer(args.weights.w2_scale, "EpRunArgs.weights.w2_scale", 4);
-  } else if (args.weights.w13_scale != nullptr || args.weights.w2_scale != nullptr) {
-    throw Error("hmoe: EpRunArgs.weights.w13_scale/w2_scale are set for a bf16 layer: expected nullptr (FP8 only)");
-  }
-  if (spec.scheme != QuantScheme::kPerTensor && (args.act_scale != nullptr || args.intermediate_act_scale != nullptr))
-    throw Error("hmoe: EpRunArgs.act_scale/intermediate_act_scale are set for scheme " + to_string(spec.scheme) +
-                ": expected nullptr (static activation scales exist for fp8-tensor only)");
-  require_alignment(args.act_scale, "EpRunArgs.act_scale", 4);
-  require_alignment(args.intermediate_act_scale, "EpRunArgs.intermediate_act_scale", 4);
+  arguments::require_fp8_arguments(config.spec, args.weights, args.act_scale, args.intermediate_act_scale,
+                                   {"EpRunArgs", "EpRunArgs.weights.w13_scale", "EpRunArgs.weights.w2_scale",
+                                    "EpRunArgs.act_scale", "EpRunArgs.intermediate_act_scale"});
   if (args.workspace_size < workspace_bytes)
     throw Error("hmoe: EpRunArgs.workspace_size = " + std::to_string(args.workspace_size) + ": expected at least " +
                 std::to_string(workspace_bytes) + " (EpMoeLayer::workspace_bytes())");
@@ -192,9 +181,9 @@ void check_topk_args(const EpConfig& config, const EpRunArgs& args, std::size_t 
                     {"topk_weights", topk_weights, tokens * slot_bytes},
                     {"EpRunArgs.invalid_id_count", args.invalid_id_count, 4},
                     {"EpRunArgs.weights.w13_scale", args.weights.w13_scale,
-                     local_scale_bytes(config, WeightMatrix::kW13)},
+                     config.w13_scale_bytes},
                     {"EpRunArgs.weights.w2_scale", args.weights.w2_scale,
-                     local_scale_bytes(config, WeightMatrix::kW2)},
+                     config.w2_scale_bytes},
                     {"EpRunArgs.act_scale", args.act_scale, 4},
                     {"EpRunArgs.intermediate_act_scale", args.intermediate_act_scale, 4}});
 }
@@ -214,9 +203,9 @@ void check_logits_args(const EpConfig& config, const EpRunArgs& args, std::size_
                      static_cast<std::size_t>(config.spec.num_experts) * 4},
                     {"EpRunArgs.invalid_id_count", args.invalid_id_count, 4},
                     {"EpRunArgs.weights.w13_scale", args.weights.w13_scale,
-                     local_scale_bytes(config, WeightMatrix::kW13)},
+                     config.w13_scale_bytes},
                     {"EpRunArgs.weights.w2_scale", args.weights.w2_scale,
-                     local_scale_bytes(config, WeightMatrix::kW2)},
+                     config.w2_scale_bytes},
                     {"EpRunArgs.act_scale", args.act_scale, 4},
                     {"EpRunArgs.intermediate_act_scale", args.intermediate_act_scale, 4}});
 }

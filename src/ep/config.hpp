@@ -26,6 +26,8 @@ struct EpConfig {
   int max_recv_rows = 0;        // options.max_recv_rows, or the worst case when 0
   bool fp8_dispatch = false;
   int dispatch_groups = 0;      // H / 128 scales per row with FP8 dispatch, else 0
+  std::size_t w13_scale_bytes = 0;  // this rank's FP8 weight scales (overlap checks), 0 for bf16
+  std::size_t w2_scale_bytes = 0;
 };
 
 // Validates every argument (hmoe::Error naming it) and resolves the defaults. Touches no device.
