@@ -412,9 +412,13 @@ int explain(const BenchCommand& command) {
 // --host-overhead: CPU cost of enqueuing one layer, and its launch count.
 void host_overhead(const BenchCommand& command) {
   std::printf("device: %s\n", testkit::describe(testkit::current_device_info()).c_str());
-  std::printf("layer: %s bf16; batch-invariant %s; CPU time per call (steady clock), %d calls each, stream "
+  std::printf("layer: %s %s; batch-invariant %s; CPU time per call (steady clock), %d calls each, stream "
               "synchronised every 32 calls outside the timed region\n",
-              command.layer_name.c_str(), command.spec.batch_invariant ? "on" : "off", kHostOverheadCalls);
+              command.layer_name.c_str(), command.spec.weight_dtype == WeightDType::kFP8E4M3 ? to_string(command.spec.scheme).c_str() : "bf16",
+              command.spec.batch_invariant ? "on" : "off", kHostOverheadCalls);
+  const testkit::LaunchCosts costs = testkit::measure_launch_costs(kHostOverheadCalls);
+  std::printf("floor on this host: %.2f us per empty kernel launch, %.2f us per TMA descriptor encode (4 per "
+              "layer)\n", costs.empty_launch_us, costs.tensor_map_encode_us);
   std::printf("%6s %16s %13s %18s %9s %6s  %s\n", "T", "run_median_us", "run_p90_us", "graph_launch_us",
               "kernels", "nodes", "plan");
   testkit::LayerWeights weights;

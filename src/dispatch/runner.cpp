@@ -74,7 +74,10 @@ MoeRunner::MoeRunner(const MoeSpec& spec, const PlanOptions& options) : spec_(sp
   w13_scale_bytes_ = weight_scale_count(spec_, WeightMatrix::kW13) * sizeof(float);
   w2_scale_bytes_ = weight_scale_count(spec_, WeightMatrix::kW2) * sizeof(float);
   overrides_ = dispatch::make_plan_overrides(spec_, options_);
-  if (!dispatch::current_device_name().empty()) prepare_kernels();
+  if (!dispatch::current_device_name().empty()) {
+    prepare_kernels();
+    num_sms_ = device_sm_count();   // one query at plan time instead of two per run
+  }
 }
 
 // NOTE: CUDA loads modules lazily and each GEMM variant raises its shared-memory limit on first
@@ -159,7 +162,7 @@ void MoeRunner::run_from_logits(const RunArgs& args, const void* router_logits, 
   const dispatch::WorkspaceLayout layout = dispatch::workspace_layout(spec_, chunk_tokens_);
   int* topk_ids = at<int>(args.workspace, layout.topk_ids);
   float* topk_weights = at<float>(args.workspace, layout.topk_weights);
-  const int sms = device_sm_count();
+  const int sms = num_sms_ > 0 ? num_sms_ : device_sm_count();
   for (int first = 0; first < args.num_tokens; first += chunk_tokens_) {
     RunArgs chunk = args;
     chunk.num_tokens = std::min(chunk_tokens_, args.num_tokens - first);
@@ -192,7 +195,7 @@ void MoeRunner::run_from_topk(const RunArgs& args, const std::int32_t* topk_ids,
                     {"RunArgs.act_scale", args.act_scale, 4},
                     {"RunArgs.intermediate_act_scale", args.intermediate_act_scale, 4}});
   if (args.num_tokens == 0) return;
-  const int sms = device_sm_count();
+  const int sms = num_sms_ > 0 ? num_sms_ : device_sm_count();
   for (int first = 0; first < args.num_tokens; first += chunk_tokens_) {
     RunArgs chunk = args;
     chunk.num_tokens = std::min(chunk_tokens_, args.num_tokens - first);

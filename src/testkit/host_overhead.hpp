@@ -23,4 +23,14 @@ struct HostOverhead {
 // blocks an enqueue (that would time the GPU, not the host).
 HostOverhead measure_host_overhead(const LayerWeights& weights, int num_tokens, int calls);
 
+// What the enqueues of a layer cost at least on this host: CPU time of one empty kernel launch
+// (1 block, 32 threads) and of one TMA descriptor encode (cuTensorMapEncodeTiled), medians of
+// `calls`, timed like measure_host_overhead. A layer's run time minus launches × empty_launch_us
+// minus 4 × tensor_map_encode_us (two descriptors per GEMM) is hmoe's own host code.
+struct LaunchCosts {
+  double empty_launch_us = 0.0;
+  double tensor_map_encode_us = 0.0;
+};
+LaunchCosts measure_launch_costs(int calls);
+
 }  // namespace hmoe::testkit
