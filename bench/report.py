@@ -175,8 +175,9 @@ def repeat_section(results, names, lines):
 def _statistic(env) -> str:
     """How a row's time was formed: results from before 2026-12-02's change used the median of all replays."""
     if env.get("statistic") == "mean-of-set-medians":
+        warmup = f" after {env['warmup_s']} s of untimed warm-up replays" if "warmup_s" in env else ""
         return ("per input set the median of its replays, averaged over the sets (p10–p90 over all replays; "
-                "the median of all replays together jumped between the sets' modes)")
+                "the median of all replays together jumped between the sets' modes)" + warmup)
     return "median of many (p10–p90 shown)"
 
 

@@ -59,9 +59,11 @@ constexpr const char* kBenchUsage =
     "  --explain      print, per T, the kernel variant pair the runner plans and who chose it (tuned\n"
     "                 table or analytic rule), then exit without timing; works without a GPU (then no\n"
     "                 tuned table applies: tables are per device)\n"
-    "  --host-overhead  CPU time per run_from_logits call and per graph launch (median of 2000, the\n"
-    "                 stream synchronised every 32 calls outside the timed region), and launches per\n"
-    "                 layer (kernel nodes of a captured layer); default tokens 1,16,256,4096\n"
+    "  --host-overhead  CPU time per run_from_logits call (eager, and with PlanOptions::replay_graphs)\n"
+    "                 and per graph launch (median of 2000, the stream synchronised every 32 calls\n"
+    "                 outside the timed region), launches per layer (kernel nodes of a captured\n"
+    "                 layer), and the host's floor: one empty launch, one TMA descriptor encode;\n"
+    "                 default tokens 1,16,256,4096\n"
     "  --ceilings     measure and print the card's ceilings only: device-to-device copy, read-only\n"
     "                 stream, cuBLAS bf16 GEMM 8192^3, cuBLASLt fp8 e4m3 GEMM 8192^3 (per-tensor scales)\n"
     "measures the card's ceilings first (copy and read-only bandwidth, bf16 GEMM), then times\n"
@@ -419,8 +421,8 @@ void host_overhead(const BenchCommand& command) {
   const testkit::LaunchCosts costs = testkit::measure_launch_costs(kHostOverheadCalls);
   std::printf("floor on this host: %.2f us per empty kernel launch, %.2f us per TMA descriptor encode (4 per "
               "layer)\n", costs.empty_launch_us, costs.tensor_map_encode_us);
-  std::printf("%6s %16s %13s %18s %9s %6s  %s\n", "T", "run_median_us", "run_p90_us", "graph_launch_us",
-              "kernels", "nodes", "plan");
+  std::printf("%6s %16s %13s %18s %18s %9s %6s  %s\n", "T", "run_median_us", "run_p90_us", "replay_run_us",
+              "graph_launch_us", "kernels", "nodes", "plan");
   testkit::LayerWeights weights;
   {
     const testkit::Stream stream;
@@ -431,8 +433,8 @@ void host_overhead(const BenchCommand& command) {
     const testkit::HostOverhead row = testkit::measure_host_overhead(weights, num_tokens, kHostOverheadCalls);
     PlanOptions plan_options;
     plan_options.max_tokens = num_tokens;
-    std::printf("%6d %16.2f %13.2f %18.2f %9d %6d  %s\n", row.num_tokens, row.run_median_us, row.run_p90_us,
-                row.graph_launch_median_us, row.kernel_launches, row.graph_nodes,
+    std::printf("%6d %16.2f %13.2f %18.2f %18.2f %9d %6d  %s\n", row.num_tokens, row.run_median_us, row.run_p90_us,
+                row.replay_run_median_us, row.graph_launch_median_us, row.kernel_launches, row.graph_nodes,
                 plan_summary(MoeRunner(command.spec, plan_options).plan_info(num_tokens)).c_str());
     std::fflush(stdout);
   }

@@ -27,12 +27,15 @@ Plan choose_plan(const MoeSpec& spec, int num_tokens, Orientation orientation, c
   // ---- The analytic rule.
   const double tokens_per_expert = static_cast<double>(num_tokens) * spec.top_k / spec.num_experts;
   Plan plan;
-  // Swap-AB while an expert's tokens would fill less than one 64-row WGMMA tile: the weight rows
-  // then fill WGMMA's M side and the tokens are padded only to a multiple of 8 on N.
-  plan.swap_ab = orientation == Orientation::kSwapAB ||
-                 (orientation == Orientation::kAuto && tokens_per_expert <= 64.0);
   const gemm::QuantKind quant = gemm::quant_kind(spec);
   const bool fp8 = quant != gemm::QuantKind::kNone;
+  // Swap-AB while an expert's tokens would fill less than one 64-row WGMMA tile: the weight rows
+  // then fill WGMMA's M side and the tokens are padded only to a multiple of 8 on N. FP8 switches
+  // at 16: its Swap-AB tiles of 32–64 tokens ran at 24–45% of the floor on H200 where the normal
+  // 128×128 tiles at twice the tokens took about as long (docs/PERF.md, FP8 v1).
+  const double swap_limit = fp8 ? 16.0 : 64.0;
+  plan.swap_ab = orientation == Orientation::kSwapAB ||
+                 (orientation == Orientation::kAuto && tokens_per_expert <= swap_limit);
   if (plan.swap_ab) {
     // FP8 Swap-AB tiles stop at 64 tokens (no 128-token FP8 Swap-AB variant is compiled).
     const int limit = orientation == Orientation::kSwapAB && !fp8 ? 128 : 64;

@@ -8,6 +8,7 @@
 #include "combine/combine.hpp"
 #include "common/arguments.hpp"
 #include "common/cuda_check.hpp"
+#include "dispatch/graph_cache.hpp"
 #include "dispatch/plan.hpp"
 #include "gemm/tensor_map.hpp"
 #include "gemm/variants.hpp"
@@ -51,6 +52,25 @@ int device_sm_count() {
   return sms;
 }
 
+bool stream_is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  HMOE_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// Every pointer a layer's launches read or write: a graph captured for one key is valid for exactly
+// these (and T, and the device).
+dispatch::GraphKey graph_key(int entry, const RunArgs& args, const void* routing_a, const void* routing_b) {
+  dispatch::GraphKey key;
+  key.entry = entry;
+  key.num_tokens = args.num_tokens;
+  HMOE_CUDA_CHECK(cudaGetDevice(&key.device));
+  key.pointers = {args.x, args.out, args.workspace, args.weights.w13, args.weights.w2, args.weights.correction_bias,
+                  args.weights.w13_scale, args.weights.w2_scale, args.invalid_id_count, args.act_scale,
+                  args.intermediate_act_scale, routing_a, routing_b, nullptr};
+  return key;
+}
+
 std::size_t logits_element_bytes(const MoeSpec& spec) {
   return spec.routing.logits_dtype == LogitsDType::kBFloat16 ? 2 : 4;
 }
@@ -74,6 +94,7 @@ MoeRunner::MoeRunner(const MoeSpec& spec, const PlanOptions& options) : spec_(sp
   w13_scale_bytes_ = weight_scale_count(spec_, WeightMatrix::kW13) * sizeof(float);
   w2_scale_bytes_ = weight_scale_count(spec_, WeightMatrix::kW2) * sizeof(float);
   overrides_ = dispatch::make_plan_overrides(spec_, options_);
+  if (options.replay_graphs) graphs_ = std::make_shared<dispatch::GraphCache>();
   if (!dispatch::current_device_name().empty()) {
     prepare_kernels();
     num_sms_ = device_sm_count();   // one query at plan time instead of two per run
@@ -91,6 +112,8 @@ void MoeRunner::prepare_kernels() const {
   gemm::prepare_tensor_maps();
   for (const gemm::GemmVariant& variant : gemm::gemm_variants()) variant.prepare();
 }
+
+std::size_t MoeRunner::graph_count() const { return graphs_ != nullptr ? graphs_->graphs() : 0; }
 
 PlanInfo MoeRunner::plan_info(int num_tokens) const {
   const int tokens = std::max(num_tokens, 1);
@@ -159,6 +182,27 @@ void MoeRunner::run_from_logits(const RunArgs& args, const void* router_logits, 
                     {"RunArgs.act_scale", args.act_scale, 4},
                     {"RunArgs.intermediate_act_scale", args.intermediate_act_scale, 4}});
   if (args.num_tokens == 0) return;
+  if (graphs_ != nullptr && !stream_is_capturing(stream)) {
+    struct Context {
+      const MoeRunner* runner;
+      const RunArgs* args;
+      const void* logits;
+    };
+    const Context context{this, &args, router_logits};
+    graphs_->run(graph_key(0, args, router_logits, nullptr), stream,
+                 [](const void* opaque, cudaStream_t target) {
+                   const auto* c = static_cast<const Context*>(opaque);
+                   c->runner->enqueue_from_logits(*c->args, c->logits, target);
+                 },
+                 &context);
+    return;
+  }
+  enqueue_from_logits(args, router_logits, stream);
+}
+
+void MoeRunner::enqueue_from_logits(const RunArgs& args, const void* router_logits, cudaStream_t stream) const {
+  const std::size_t logit_bytes = logits_element_bytes(spec_);
+  const std::size_t row_bytes = static_cast<std::size_t>(spec_.hidden) * 2;
   const dispatch::WorkspaceLayout layout = dispatch::workspace_layout(spec_, chunk_tokens_);
   int* topk_ids = at<int>(args.workspace, layout.topk_ids);
   float* topk_weights = at<float>(args.workspace, layout.topk_weights);
@@ -195,6 +239,29 @@ void MoeRunner::run_from_topk(const RunArgs& args, const std::int32_t* topk_ids,
                     {"RunArgs.act_scale", args.act_scale, 4},
                     {"RunArgs.intermediate_act_scale", args.intermediate_act_scale, 4}});
   if (args.num_tokens == 0) return;
+  if (graphs_ != nullptr && !stream_is_capturing(stream)) {
+    struct Context {
+      const MoeRunner* runner;
+      const RunArgs* args;
+      const std::int32_t* ids;
+      const float* weights;
+    };
+    const Context context{this, &args, topk_ids, topk_weights};
+    graphs_->run(graph_key(1, args, topk_ids, topk_weights), stream,
+                 [](const void* opaque, cudaStream_t target) {
+                   const auto* c = static_cast<const Context*>(opaque);
+                   c->runner->enqueue_from_topk(*c->args, c->ids, c->weights, target);
+                 },
+                 &context);
+    return;
+  }
+  enqueue_from_topk(args, topk_ids, topk_weights, stream);
+}
+
+void MoeRunner::enqueue_from_topk(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights,
+                                  cudaStream_t stream) const {
+  const std::size_t row_bytes = static_cast<std::size_t>(spec_.hidden) * 2;
+  const std::size_t slot_bytes = static_cast<std::size_t>(spec_.top_k) * 4;
   const int sms = num_sms_ > 0 ? num_sms_ : device_sm_count();
   for (int first = 0; first < args.num_tokens; first += chunk_tokens_) {
     RunArgs chunk = args;

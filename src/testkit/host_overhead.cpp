@@ -90,6 +90,15 @@ HostOverhead measure_host_overhead(const LayerWeights& weights, int num_tokens, 
     const std::vector<double> launch_us =
         time_calls(calls, stream, [&] { HMOE_CUDA_CHECK(cudaGraphLaunch(exec, stream.get())); });
     result.graph_launch_median_us = percentile(launch_us, 0.5);
+    // The same call through PlanOptions::replay_graphs: after its eager and its capturing call,
+    // every call is one cudaGraphLaunch plus the argument checks and the key lookup.
+    PlanOptions replay_options = plan_options;
+    replay_options.replay_graphs = true;
+    const MoeRunner replaying(weights.spec, replay_options);
+    auto replay_run = [&] { replaying.run_from_logits(args, logits, stream.get()); };
+    time_calls(kWarmupCalls, stream, replay_run);
+    const std::vector<double> replay_us = time_calls(calls, stream, replay_run);
+    result.replay_run_median_us = percentile(replay_us, 0.5);
   } catch (...) {
     cudaGraphExecDestroy(exec);
     throw;

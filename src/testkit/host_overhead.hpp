@@ -13,6 +13,7 @@ struct HostOverhead {
   double run_median_us = 0.0;         // CPU time inside one run_from_logits (eager enqueue)
   double run_p90_us = 0.0;
   double graph_launch_median_us = 0.0;  // CPU time of one cudaGraphLaunch of the captured layer
+  double replay_run_median_us = 0.0;  // run_from_logits with PlanOptions::replay_graphs, same pointers
   int kernel_launches = 0;            // kernel nodes in the captured layer
   int graph_nodes = 0;                // all nodes (kernels, memsets, ...)
 };

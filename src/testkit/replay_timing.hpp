@@ -24,7 +24,7 @@ struct ReplayTiming {
 // The statistics of replay times taken round-robin over `graphs` graphs (replay i ran graph i % graphs).
 ReplayTiming summarize_replays(const std::vector<double>& replay_us, int graphs);
 
-// Replays `graphs` round-robin: three warm-up rounds, then as many replays as fit in
+// Replays `graphs` round-robin: warm-up rounds for 0.1 s of GPU time, then as many replays as fit in
 // seconds_per_point (at least min_replays, a whole number of rounds), each timed alone between two
 // events. Throws hmoe::Error on any CUDA failure.
 ReplayTiming time_graph_replays(const std::vector<GraphExec>& graphs, double seconds_per_point, int min_replays,

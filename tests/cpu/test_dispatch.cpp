@@ -192,6 +192,22 @@ TEST(Registry, RejectsWhatCannotRun) {
   EXPECT_NO_THROW(parse_plan_variant("swiglu_swap_t8_w64_fp8block+weighted_swap_t8_w64_fp8block", fp8));
 }
 
+// The analytic rule's orientation switch: Swap-AB up to 64 tokens per expert for bf16, up to 16 for
+// FP8 (measured on H200, docs/PERF.md "FP8 v2": FP8 Swap-AB tiles of 32-64 tokens lost to the normal
+// 128-token tiles by 19-23%).
+TEST(Registry, AnalyticRuleSwitchesOrientationPerDtype) {
+  MoeSpec spec = preset("qwen3-30b-a3b");   // 128 experts, k = 8: tokens per expert = T / 16
+  for (int tokens : {16, 256, 272, 512, 1024, 1040, 2048}) {
+    const double per_expert = tokens / 16.0;
+    spec.weight_dtype = WeightDType::kBF16;
+    spec.scheme = QuantScheme::kNone;
+    EXPECT_EQ(choose_plan(spec, tokens, Orientation::kAuto).swap_ab, per_expert <= 64.0) << "bf16 T=" << tokens;
+    spec.weight_dtype = WeightDType::kFP8E4M3;
+    spec.scheme = QuantScheme::kBlock128;
+    EXPECT_EQ(choose_plan(spec, tokens, Orientation::kAuto).swap_ab, per_expert <= 16.0) << "fp8 T=" << tokens;
+  }
+}
+
 // Every FP8 layer plans only variants of its own scheme, at every T, in every orientation; block
 // layers never take the 256-row weight tile (its two accumulators would not fit the registers).
 TEST(Registry, Fp8SchemesPlanTheirOwnVariants) {

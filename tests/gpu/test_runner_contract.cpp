@@ -20,8 +20,9 @@ using testkit::RoutingMode;
 
 // A runner planned for max_tokens with its workspace and one poisoned-able output.
 struct Harness {
-  Harness(const testkit::LayerWeights& weights, int max_tokens, Orientation orientation = Orientation::kAuto)
-      : runner(weights.spec, PlanOptions{max_tokens, orientation}),
+  Harness(const testkit::LayerWeights& weights, int max_tokens, Orientation orientation = Orientation::kAuto,
+          bool replay_graphs = false)
+      : runner(weights.spec, PlanOptions{max_tokens, orientation, 0, "", replay_graphs}),
         workspace(runner.workspace_bytes()),
         out_count(static_cast<std::size_t>(max_tokens) * weights.spec.hidden),
         out(out_count * sizeof(std::uint16_t)) {}
@@ -130,6 +131,74 @@ TEST(RunnerContract, OutputsAreBitIdenticalAcrossRuns) {
       }
       EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].size() * sizeof(std::uint16_t)), 0)
           << preset_name << " " << testkit::to_string(routing) << ": two runs of the same inputs differ";
+    }
+  }
+}
+
+// PlanOptions::replay_graphs: the eager first call, the capturing second and the replayed later
+// calls give the bits an eager runner gives, with new input values in the same buffers every call;
+// other pointers are another key (eager again); a call inside the caller's own capture enqueues the
+// kernels into it.
+TEST(RunnerContract, ReplayGraphsMatchEagerRuns) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  const testkit::Stream stream;
+  MoeSpec fp8_spec = preset("deepseek-v3-tp8");
+  fp8_spec.weight_dtype = WeightDType::kFP8E4M3;
+  fp8_spec.scheme = QuantScheme::kBlock128;
+  const testkit::LayerWeights fp8_weights = testkit::make_layer_weights(fp8_spec, 5, false, stream.get());
+  const struct {
+    const char* name;
+    const testkit::LayerWeights* weights;
+  } layers[] = {{"qwen3-30b-a3b bf16", &cached_weights("qwen3-30b-a3b")}, {"deepseek-v3-tp8 fp8-block", &fp8_weights}};
+  for (const auto& layer : layers) {
+    const testkit::LayerWeights& weights = *layer.weights;
+    for (int num_tokens : {1, 64, 1000}) {
+      for (Entry entry : {Entry::kLogits, Entry::kTopK}) {
+        const std::string what = std::string(layer.name) + " T=" + std::to_string(num_tokens) + " " +
+                                 testkit::to_string(entry);
+        testkit::LayerInputs inputs = testkit::make_layer_inputs(weights, num_tokens, entry, {}, stream.get());
+        const Harness eager(weights, num_tokens);
+        const Harness replay(weights, num_tokens, Orientation::kAuto, /*replay_graphs=*/true);
+        const auto compare = [&](const Harness& replaying, const std::string& call) {
+          testkit::poison_bf16(eager.out.get(), eager.out_count, stream.get());
+          testkit::poison_bf16(replaying.out.get(), replaying.out_count, stream.get());
+          testkit::run_layer(eager.runner, eager.args(weights, inputs), inputs, stream.get());
+          testkit::run_layer(replay.runner, replaying.args(weights, inputs), inputs, stream.get());
+          stream.synchronize();
+          const std::vector<std::uint16_t> expected = eager.out_host(stream.get());
+          const std::vector<std::uint16_t> got = replaying.out_host(stream.get());
+          EXPECT_EQ(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(std::uint16_t)), 0)
+              << what << ", " << call << ": differs from the eager runner";
+        };
+        for (int call = 0; call < 4; ++call) {
+          testkit::fill_layer_inputs(inputs, weights, {RoutingMode::kUniform, 1, 100u + call}, stream.get());
+          compare(replay, "call " + std::to_string(call));
+          EXPECT_EQ(replay.runner.graph_count(), call == 0 ? 0u : 1u) << what << ", call " << call;
+        }
+        // Another output buffer: a new key, run eagerly (no second graph yet).
+        const Harness other(weights, num_tokens);
+        compare(other, "other out");
+        EXPECT_EQ(replay.runner.graph_count(), 1u) << what;
+        // Inside the caller's capture: the kernels go into the caller's graph.
+        testkit::fill_layer_inputs(inputs, weights, {RoutingMode::kUniform, 1, 200u}, stream.get());
+        testkit::run_layer(eager.runner, eager.args(weights, inputs), inputs, stream.get());
+        testkit::poison_bf16(replay.out.get(), replay.out_count, stream.get());
+        stream.synchronize();
+        HMOE_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
+        testkit::run_layer(replay.runner, replay.args(weights, inputs), inputs, stream.get());
+        cudaGraph_t graph = nullptr;
+        HMOE_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
+        cudaGraphExec_t exec = nullptr;
+        HMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        HMOE_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+        stream.synchronize();
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        const std::vector<std::uint16_t> expected = eager.out_host(stream.get());
+        const std::vector<std::uint16_t> got = replay.out_host(stream.get());
+        EXPECT_EQ(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(std::uint16_t)), 0)
+            << what << ": inside the caller's capture";
+      }
     }
   }
 }
