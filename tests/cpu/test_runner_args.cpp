@@ -80,6 +80,34 @@ TEST_F(RunnerArgsTest, SmallWorkspaceIsRejectedWithTheNeededSize) {
   EXPECT_NE(message.find(std::to_string(runner.workspace_bytes())), std::string::npos) << message;
 }
 
+// PlanOptions::replay_graphs changes how a checked call is enqueued, never what is checked: the
+// same bad arguments are rejected, before any graph work, and T = 0 still touches nothing.
+TEST_F(RunnerArgsTest, ReplayGraphsKeepEveryCheck) {
+  hmoe::PlanOptions options{64, hmoe::Orientation::kAuto};
+  options.replay_graphs = true;
+  const hmoe::MoeRunner replaying(spec, options);
+  EXPECT_EQ(replaying.graph_count(), 0u);
+  const auto error_of = [&](const hmoe::RunArgs& call) -> std::string {
+    try {
+      replaying.run_from_topk(call, ids, weights, nullptr);
+    } catch (const hmoe::Error& error) {
+      return error.what();
+    }
+    return "";
+  };
+  hmoe::RunArgs call = args;
+  call.x = nullptr;
+  EXPECT_NE(error_of(call).find("RunArgs.x is null"), std::string::npos) << error_of(call);
+  call = args;
+  call.workspace_size = replaying.workspace_bytes() - 1;
+  EXPECT_NE(error_of(call).find("RunArgs.workspace_size"), std::string::npos) << error_of(call);
+  call = args;
+  call.num_tokens = 0;
+  EXPECT_NO_THROW(replaying.run_from_topk(call, ids, weights, nullptr));
+  EXPECT_NO_THROW(replaying.run_from_logits(call, fake_device_pointer(0x40000), nullptr));
+  EXPECT_EQ(replaying.graph_count(), 0u);
+}
+
 TEST(RunnerPlan, MaxTokensMustBePositive) {
   const hmoe::MoeSpec spec = hmoe::preset("olmoe-1b-7b");
   EXPECT_THROW(hmoe::MoeRunner(spec, hmoe::PlanOptions{0, hmoe::Orientation::kAuto}), hmoe::Error);
