@@ -36,7 +36,7 @@ constexpr const char* kBenchUsage =
     "usage: hmoe bench (--model PRESET | --spec E,k,H,I) [--tokens T[,T...]] [--dtype DTYPE]\n"
     "                  [--routing uniform|zipf|extreme] [--orientation auto|normal|swap] [--seed N]\n"
     "                  [--batch-invariant] [--peers cublas] [--e2e] [--json FILE] [--csv FILE]\n"
-    "                  [--explain | --host-overhead]\n"
+    "                  [--explain | --host-overhead | --skip STAGE[,STAGE...]]\n"
     "       hmoe bench --ceilings [--json FILE]\n"
     "  --model        a preset of DESIGN.md §3 (hmoe info lists them)\n"
     "  --spec         a layer given as E,k,H,I (softmax top-k routing, renormalised)\n"
@@ -64,6 +64,10 @@ constexpr const char* kBenchUsage =
     "                 outside the timed region), launches per layer (kernel nodes of a captured\n"
     "                 layer), and the host's floor: one empty launch, one TMA descriptor encode;\n"
     "                 default tokens 1,16,256,4096\n"
+    "  --skip         time the layer WITHOUT these stages (routing, permute, quantize-x, gemm1,\n"
+    "                 requantize, gemm2, combine) to attribute its time: a full run per input set first\n"
+    "                 leaves what the skipped stages would produce; the rows are not a valid layer (no\n"
+    "                 --json, --csv, --peers, --e2e)\n"
     "  --ceilings     measure and print the card's ceilings only: device-to-device copy, read-only\n"
     "                 stream, cuBLAS bf16 GEMM 8192^3, cuBLASLt fp8 e4m3 GEMM 8192^3 (per-tensor scales)\n"
     "measures the card's ceilings first (copy and read-only bandwidth, bf16 GEMM), then times\n"
@@ -82,6 +86,7 @@ struct BenchCommand {
   std::string json_path;
   std::string csv_path;
   std::string command_line;
+  std::string skip_text;            // --skip as given (empty: a whole layer)
 };
 
 // "E,k,H,I": a softmax top-k layer with renormalised weights; anything hmoe::validate rejects is a
@@ -106,6 +111,31 @@ MoeSpec parse_spec(const std::string& text) {
     throw UsageError("--spec '" + text + "': " + error.what());
   }
   return spec;
+}
+
+// "gemm1,combine" → StageBit mask; each name once, at least one.
+std::uint32_t parse_skip(const std::string& text) {
+  static const struct {
+    const char* name;
+    StageBit bit;
+  } kStages[] = {{"routing", kStageRouting},   {"permute", kStagePermute}, {"quantize-x", kStageQuantizeX},
+                 {"gemm1", kStageGemm1},       {"requantize", kStageRequantize}, {"gemm2", kStageGemm2},
+                 {"combine", kStageCombine}};
+  std::uint32_t mask = 0;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    std::uint32_t bit = 0;
+    for (const auto& stage : kStages)
+      if (item == stage.name) bit = stage.bit;
+    if (bit == 0)
+      throw UsageError("--skip '" + text + "': unknown stage '" + item +
+                       "' (expected routing, permute, quantize-x, gemm1, requantize, gemm2 or combine)");
+    if ((mask & bit) != 0) throw UsageError("--skip '" + text + "': stage '" + item + "' given twice");
+    mask |= bit;
+  }
+  if (mask == 0 || text.back() == ',') throw UsageError("--skip '" + text + "': expected a comma-separated list of stages");
+  return mask;
 }
 
 bool parse_peers(const std::string& text) {
@@ -158,6 +188,14 @@ BenchCommand parse_bench(const ParsedOptions& parsed) {
   command.cublas_peer = parse_peers(parsed.get("--peers", "none"));
   if (command.cublas_peer && command.spec.weight_dtype != WeightDType::kBF16)
     throw UsageError("--peers cublas times bf16 GEMMs: use --dtype bf16 (FP8 peers run from bench/peers.py)");
+  if (parsed.has("--skip")) {
+    command.options.skip_stages = parse_skip(parsed.get("--skip", ""));
+    command.skip_text = parsed.get("--skip", "");
+    if (command.mode != BenchMode::kSweep) throw UsageError("--skip applies to timed sweeps only");
+    for (const char* option : {"--json", "--csv", "--peers"})
+      if (parsed.has(option)) throw UsageError(std::string("--skip rows are not a valid layer: no ") + option);
+    if (parsed.flag("--e2e")) throw UsageError("--skip rows are not a valid layer: no --e2e");
+  }
   command.e2e = parsed.flag("--e2e");
   if (command.e2e && !command.moe_layers)
     throw UsageError("--e2e needs --model PRESET (the model's MoE layer count); --spec describes one layer");
@@ -227,6 +265,10 @@ void print_header(const BenchCommand& command) {
               to_string(spec.routing.function).c_str(), testkit::to_string(command.options.routing).c_str(),
               to_string(command.options.orientation).c_str(), spec.batch_invariant ? "on" : "off",
               command.options.input_sets);
+  if (command.options.skip_stages != 0)
+    std::printf("SKIPPED STAGES: %s -- NOT a valid layer: time attribution only (each input set ran once whole "
+                "first; the skipped stages' outputs are that run's)\n",
+                command.skip_text.c_str());
   if (command.cublas_peer)
     std::printf("peer cublas: per expert cublasGemmEx GEMM1 + one SwiGLU kernel + per expert GEMM2, same expert "
                 "load, CUDA graph replays (GEMMs and activation only)\n");
@@ -448,7 +490,7 @@ int run_bench(const std::vector<std::string>& args) {
     const ParsedOptions parsed = parse_options(
         args,
         {"--model", "--spec", "--tokens", "--dtype", "--routing", "--orientation", "--seed", "--peers", "--json",
-         "--csv"},
+         "--csv", "--skip"},
         {"--explain", "--host-overhead", "--ceilings", "--batch-invariant", "--e2e"});
     if (parsed.help) {
       std::cout << kBenchUsage;

@@ -121,6 +121,17 @@ enum class Orientation {
   kSwapAB,   // weight rows on WGMMA's M side, tokens on N (few tokens per expert)
 };
 
+// The stages of a layer, as bits of PlanOptions::skip_stages.
+enum StageBit : std::uint32_t {
+  kStageRouting = 1u << 0,        // router logits → top-k (run_from_logits only)
+  kStagePermute = 1u << 1,        // counts, work list, row assignment, x gather
+  kStageQuantizeX = 1u << 2,      // FP8: x → e4m3 rows and scales
+  kStageGemm1 = 1u << 3,          // GEMM1 + SwiGLU
+  kStageRequantize = 1u << 4,     // FP8: SwiGLU output → e4m3 rows and scales
+  kStageGemm2 = 1u << 5,          // GEMM2 × routing weight
+  kStageCombine = 1u << 6,        // sum over the k slots into out
+};
+
 struct PlanOptions {
   int max_tokens = 0;                    // largest T any run will pass; sizes the workspace
   Orientation orientation = Orientation::kAuto;
@@ -140,6 +151,11 @@ struct PlanOptions {
   // A copy of the runner shares its graphs. Launches of one graph are ordered behind each other,
   // also across streams.
   bool replay_graphs = false;
+  // Internal (`hmoe bench --skip`): leave these stages (StageBit) out of every run, to attribute a
+  // layer's time to its stages. The output is then WRONG; every stage a skipped one would have fed
+  // reads what the last full run left in the workspace, so run the layer once without skipping on
+  // the same workspace and T first (the bench does) or the skipped stages' inputs are garbage.
+  std::uint32_t skip_stages = 0;
 };
 
 struct RunArgs {
@@ -205,6 +221,7 @@ class MoeRunner {
   void prepare_kernels() const;
   void run_experts(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights, int num_sms,
                    cudaStream_t stream) const;
+  bool skips(StageBit stage) const { return (options_.skip_stages & stage) != 0; }
   // The launches of a checked call, eagerly or into a capture (PlanOptions::replay_graphs).
   void enqueue_from_logits(const RunArgs& args, const void* router_logits, cudaStream_t stream) const;
   void enqueue_from_topk(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights,

@@ -214,8 +214,9 @@ void MoeRunner::enqueue_from_logits(const RunArgs& args, const void* router_logi
     chunk.out = at<void>(args.out, static_cast<std::size_t>(first) * row_bytes);
     const void* chunk_logits =
         advance(router_logits, static_cast<std::size_t>(first) * spec_.num_experts * logit_bytes);
-    routing::launch_topk(spec_, chunk_logits, args.weights.correction_bias, chunk.num_tokens, topk_ids, topk_weights,
-                         stream);
+    if (!skips(kStageRouting))
+      routing::launch_topk(spec_, chunk_logits, args.weights.correction_bias, chunk.num_tokens, topk_ids,
+                           topk_weights, stream);
     run_experts(chunk, topk_ids, topk_weights, sms, stream);
   }
 }
@@ -293,8 +294,9 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   buffers.sorted_x = at<void>(args.workspace, layout.sorted_rows);
   const bool fp8 = spec_.weight_dtype == WeightDType::kFP8E4M3;
   const bool gemm_gathers = plan.gemm1->gather_tokens;
-  permute::launch_permute(topk_ids, topk_weights, args.x, tokens, spec_.top_k, spec_.num_experts, spec_.hidden,
-                          plan.token_tile, !gemm_gathers && !fp8, buffers, args.invalid_id_count, stream);
+  if (!skips(kStagePermute))
+    permute::launch_permute(topk_ids, topk_weights, args.x, tokens, spec_.top_k, spec_.num_experts, spec_.hidden,
+                            plan.token_tile, !gemm_gathers && !fp8, buffers, args.invalid_id_count, stream);
   void* sorted_rows = buffers.sorted_x;
   // The valid expert-sorted rows: (token, slot) pairs with an id in [0, E).
   const int* valid_rows = buffers.expert_offsets + spec_.num_experts;
@@ -308,7 +310,7 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
     rows.max_rows = entries;
     rows.cols = spec_.hidden;
     rows.amax_rows = tokens;
-    quant::launch_quantize_rows(spec_, rows, args.act_scale, buffers.sorted_x, x_scales, stream);
+    if (!skips(kStageQuantizeX)) quant::launch_quantize_rows(spec_, rows, args.act_scale, buffers.sorted_x, x_scales, stream);
   }
 
   const WorkList work{buffers.num_tiles, buffers.tiles};
@@ -331,7 +333,7 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   gemm1.weight_scale = args.weights.w13_scale;
   gemm1.token_scale = x_scales;
   gemm1.per_row_scales = spec_.scheme == QuantScheme::kPerChannelPerToken;
-  plan.gemm1->launch(gemm1, stream);
+  if (!skips(kStageGemm1)) plan.gemm1->launch(gemm1, stream);
 
   const void* gemm2_tokens = intermediate;
   const float* intermediate_scales = nullptr;
@@ -345,7 +347,8 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
     rows.num_rows = valid_rows;
     rows.max_rows = entries;
     rows.cols = spec_.intermediate;
-    quant::launch_quantize_rows(spec_, rows, args.intermediate_act_scale, intermediate_fp8, scales, stream);
+    if (!skips(kStageRequantize))
+      quant::launch_quantize_rows(spec_, rows, args.intermediate_act_scale, intermediate_fp8, scales, stream);
     gemm2_tokens = intermediate_fp8;
     intermediate_scales = scales;
   }
@@ -363,9 +366,10 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   gemm2.row_weights = buffers.row_weights;
   gemm2.weight_scale = args.weights.w2_scale;
   gemm2.token_scale = intermediate_scales;
-  plan.gemm2->launch(gemm2, stream);
+  if (!skips(kStageGemm2)) plan.gemm2->launch(gemm2, stream);
 
-  combine::launch_combine(sorted_rows, buffers.slot_rows, tokens, spec_.top_k, spec_.hidden, args.out, stream);
+  if (!skips(kStageCombine))
+    combine::launch_combine(sorted_rows, buffers.slot_rows, tokens, spec_.top_k, spec_.hidden, args.out, stream);
 }
 
 }  // namespace hmoe

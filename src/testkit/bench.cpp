@@ -24,6 +24,7 @@ std::vector<int> count_tokens_per_expert(const reference::Routing& routing, int 
 struct ReplaySet {
   LayerInputs inputs;
   DeviceBuffer out;
+  DeviceBuffer own_workspace;          // skip_stages only: each set keeps its own full run's state
   double bytes_touched = 0.0;
   int experts_hit = 0;
   std::vector<int> tokens_per_expert;  // measure_floor only
@@ -81,6 +82,8 @@ std::vector<BenchRow> bench_layer(const LayerWeights& weights, const BenchOption
     plan_options.max_tokens = num_tokens;
     plan_options.orientation = options.orientation;
     plan_options.force_variant = options.force_variant;
+    const MoeRunner full_runner(spec, plan_options);
+    plan_options.skip_stages = options.skip_stages;
     const MoeRunner runner(spec, plan_options);
     DeviceBuffer workspace(runner.workspace_bytes());
     const double activation_bytes = 2.0 * num_tokens * static_cast<double>(spec.hidden) * sizeof(std::uint16_t);
@@ -103,6 +106,13 @@ std::vector<BenchRow> bench_layer(const LayerWeights& weights, const BenchOption
       args.workspace = workspace.get();
       args.workspace_size = workspace.bytes();
       const void* logits = set.inputs.router_logits.get();
+      if (options.skip_stages != 0) {
+        // What the skipped stages would have produced comes from one full run of this set, in a
+        // workspace of its own (a shared one would hand every set the last set's routing).
+        set.own_workspace = DeviceBuffer(runner.workspace_bytes());
+        args.workspace = set.own_workspace.get();
+        full_runner.run_from_logits(args, logits, stream.get());
+      }
       graphs.push_back(GraphExec::capture(stream.get(), [&] { runner.run_from_logits(args, logits, stream.get()); }));
       sets.push_back(std::move(set));
     }

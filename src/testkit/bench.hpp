@@ -27,6 +27,9 @@ struct BenchOptions {
   // Count the experts each input set hits and hold the time against the floor (copies the routing
   // to the host and measures the ceilings once); the tuner, which only ranks variants, turns it off.
   bool measure_floor = true;
+  // PlanOptions::skip_stages (`hmoe bench --skip`): time the layer without these stages, after one
+  // full run per input set in its own workspace. The rows are then not a valid layer.
+  std::uint32_t skip_stages = 0;
 };
 
 struct BenchRow {

@@ -43,7 +43,7 @@ TEST(BenchCli, HelpListsTheNewOptions) {
   const CliResult result = run_bench("--help");
   EXPECT_EQ(result.exit_code, 0) << result.output;
   for (const char* option : {"--spec", "--json", "--csv", "--peers", "--e2e", "--ceilings", "--batch-invariant",
-                             "--explain", "--routing", "--tokens", "--dtype"})
+                             "--explain", "--routing", "--tokens", "--dtype", "--skip"})
     EXPECT_TRUE(contains(result.output, option)) << option << "\n" << result.output;
 }
 
@@ -82,6 +82,20 @@ TEST(BenchCli, BadOptionValuesAndCombinations) {
   expect_usage_error("--ceilings --peers cublas", "--peers");
   expect_usage_error("--model qwen3-30b-a3b --batch-invariant --orientation swap", "--batch-invariant");
   expect_usage_error("--model qwen3-30b-a3b --json", "--json needs a value");
+}
+
+// --skip (stage attribution) never mixes into reports: it rejects unknown or repeated stages and
+// every output that feeds docs/BENCHMARKS.md.
+TEST(BenchCli, SkipNamesStagesAndStaysOutOfReports) {
+  expect_usage_error("--model qwen3-30b-a3b --skip gemm3", "unknown stage 'gemm3'");
+  expect_usage_error("--model qwen3-30b-a3b --skip gemm1,gemm1", "given twice");
+  expect_usage_error("--model qwen3-30b-a3b --skip gemm1,", "--skip");
+  expect_usage_error("--model qwen3-30b-a3b --skip ','", "--skip");
+  expect_usage_error("--model qwen3-30b-a3b --skip gemm1 --json out.json", "--json");
+  expect_usage_error("--model qwen3-30b-a3b --skip gemm1 --csv out.csv", "--csv");
+  expect_usage_error("--model qwen3-30b-a3b --skip gemm1 --peers cublas", "--peers");
+  expect_usage_error("--model qwen3-30b-a3b --skip combine --e2e", "--e2e");
+  expect_usage_error("--model qwen3-30b-a3b --skip combine --explain", "--skip");
 }
 
 TEST(BenchCli, ExplainWorksForSpecsAndShowsBatchInvariance) {

@@ -3,6 +3,7 @@
 // with new input values in the same buffers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <limits>
@@ -198,6 +199,41 @@ TEST(RunnerContract, ReplayGraphsMatchEagerRuns) {
         const std::vector<std::uint16_t> got = replay.out_host(stream.get());
         EXPECT_EQ(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(std::uint16_t)), 0)
             << what << ": inside the caller's capture";
+      }
+    }
+  }
+}
+
+// PlanOptions::skip_stages (hmoe bench --skip): a skipped stage launches nothing — skipping the
+// combine leaves the poisoned output untouched — and later stages read what the last full run left
+// in the workspace: skipping the permute and both GEMMs after a full run reproduces its output bit
+// for bit (the permute too: its row order inside an expert may differ from run to run).
+TEST(RunnerContract, SkippedStagesLaunchNothingAndReuseTheWorkspace) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  const testkit::LayerWeights& weights = cached_weights("qwen3-30b-a3b");
+  const testkit::Stream stream;
+  for (int num_tokens : {1, 300}) {
+    const testkit::LayerInputs inputs =
+        testkit::make_layer_inputs(weights, num_tokens, Entry::kLogits, {}, stream.get());
+    const Harness full(weights, num_tokens);
+    const RunArgs args = full.args(weights, inputs);
+    testkit::run_layer(full.runner, args, inputs, stream.get());
+    stream.synchronize();
+    const std::vector<std::uint16_t> expected = full.out_host(stream.get());
+    for (const std::uint32_t skip : {std::uint32_t{kStageCombine}, std::uint32_t{kStagePermute | kStageGemm1 | kStageGemm2}}) {
+      PlanOptions options{num_tokens, Orientation::kAuto};
+      options.skip_stages = skip;
+      const MoeRunner skipping(weights.spec, options);
+      testkit::poison_bf16(full.out.get(), full.out_count, stream.get());
+      testkit::run_layer(skipping, args, inputs, stream.get());
+      stream.synchronize();
+      const std::vector<std::uint16_t> got = full.out_host(stream.get());
+      if (skip == kStageCombine) {
+        EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](std::uint16_t v) { return v == testkit::kPoisonBf16; }))
+            << "T=" << num_tokens << ": skipping the combine still wrote the output";
+      } else {
+        EXPECT_EQ(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(std::uint16_t)), 0)
+            << "T=" << num_tokens << ": skipping the GEMMs did not reuse the full run's rows";
       }
     }
   }
