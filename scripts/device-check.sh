@@ -5,7 +5,7 @@
 # Environment (to split the work over device calls): HMOE_GTEST_FILTER (default: every GPU test),
 # HMOE_CHECK_DTYPES (default "bf16 fp8-tensor fp8-channel fp8-block"), HMOE_BENCH_DTYPES (default
 # "bf16 fp8-block"), HMOE_CHECK_TOKENS (default 1,7,64,1000,8192), HMOE_SKIP (space-separated:
-# tests check bench), HMOE_BUDGET_S (default 540: every step's timeout is cut to what is left of it,
+# tests check bench attrib), HMOE_ATTRIB (stage attribution, see the last step), HMOE_BUDGET_S (default 540: every step's timeout is cut to what is left of it,
 # later steps are skipped and said so). The summary and a tarball of every log (device-check-logs.tgz)
 # are written on any exit, so a device call that runs out of time still returns them.
 set -uo pipefail
@@ -102,3 +102,24 @@ if [[ $skip != *" bench "* ]]; then
   done
 fi
 
+
+# ---- Stage attribution (hmoe bench --skip): the whole layer minus each stage, at decode sizes.
+# HMOE_ATTRIB="preset:dtype:T ..." (default qwen3-30b-a3b:bf16:1 deepseek-v3-tp8:fp8-block:1).
+if [[ $skip != *" attrib "* ]]; then
+  for item in ${HMOE_ATTRIB:-qwen3-30b-a3b:bf16:1 deepseek-v3-tp8:fp8-block:1}; do
+    IFS=: read -r preset dtype tokens <<<"$item"
+    [ "$(limit 90)" -lt 40 ] && { note "attrib $item | skipped: the time budget is spent"; continue; }
+    row() { timeout 25 "$bin/hmoe" bench --model "$preset" --dtype "$dtype" --tokens "$tokens" "$@" 2>>"$out/attrib.log" |
+              awk '$1 ~ /^[0-9]+$/ {print $2; exit}'; }
+    whole=$(row)
+    line="attrib $item | whole ${whole:-?} us;"
+    stages="routing permute gemm1 gemm2 combine"
+    [ "$dtype" != bf16 ] && stages="routing permute quantize-x gemm1 requantize gemm2 combine"
+    for stage in $stages; do
+      [ "$(limit 20)" -lt 15 ] && break
+      without=$(row --skip "$stage")
+      line="$line -$stage ${without:-?}"
+    done
+    note "$line (us without each stage)"
+  done
+fi
