@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "testkit/ceilings.hpp"
 #include "testkit/cuda_handles.hpp"
@@ -82,7 +83,8 @@ std::vector<BenchRow> bench_layer(const LayerWeights& weights, const BenchOption
     plan_options.max_tokens = num_tokens;
     plan_options.orientation = options.orientation;
     plan_options.force_variant = options.force_variant;
-    const MoeRunner full_runner(spec, plan_options);
+    std::optional<MoeRunner> full_runner;   // --skip only: fills each set's workspace once
+    if (options.skip_stages != 0) full_runner.emplace(spec, plan_options);
     plan_options.skip_stages = options.skip_stages;
     const MoeRunner runner(spec, plan_options);
     DeviceBuffer workspace(runner.workspace_bytes());
@@ -111,7 +113,7 @@ std::vector<BenchRow> bench_layer(const LayerWeights& weights, const BenchOption
         // workspace of its own (a shared one would hand every set the last set's routing).
         set.own_workspace = DeviceBuffer(runner.workspace_bytes());
         args.workspace = set.own_workspace.get();
-        full_runner.run_from_logits(args, logits, stream.get());
+        full_runner->run_from_logits(args, logits, stream.get());
       }
       graphs.push_back(GraphExec::capture(stream.get(), [&] { runner.run_from_logits(args, logits, stream.get()); }));
       sets.push_back(std::move(set));
