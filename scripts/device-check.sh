@@ -103,6 +103,14 @@ if [[ $skip != *" bench "* ]]; then
 fi
 
 
+# ---- Host time per run at T = 1: eager, with PlanOptions::replay_graphs, and the launch floor.
+if [[ $skip != *" bench "* ]] && [ "$(limit 30)" -ge 25 ]; then
+  host=$(timeout "$(limit 30)" "$bin/hmoe" bench --host-overhead --model qwen3-30b-a3b --tokens 1 2>&1)
+  floor=$(echo "$host" | awk '/^floor on this host/ {print $5}')
+  row=$(echo "$host" | awk '$1 == "1" {print "eager " $2 " us, replayed " $4 " us, graph launch " $5 " us, " $6 " kernels"}')
+  note "host T=1   | ${row:-?}; empty launch ${floor:-?} us"
+fi
+
 # ---- Stage attribution (hmoe bench --skip): the whole layer minus each stage, at decode sizes.
 # HMOE_ATTRIB="preset:dtype:T ..." (default qwen3-30b-a3b:bf16:1 deepseek-v3-tp8:fp8-block:1).
 if [[ $skip != *" attrib "* ]]; then
