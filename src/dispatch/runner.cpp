@@ -71,6 +71,17 @@ dispatch::GraphKey graph_key(int entry, const RunArgs& args, const void* routing
   return key;
 }
 
+// Enqueues a checked call: through the graph cache (PlanOptions::replay_graphs) unless the caller's
+// stream is being captured, else directly. `enqueue(stream)` issues the layer's launches.
+template <class Enqueue>
+void enqueue_or_replay(dispatch::GraphCache* graphs, int entry, const RunArgs& args, const void* routing_a,
+                       const void* routing_b, cudaStream_t stream, const Enqueue& enqueue) {
+  if (graphs == nullptr || stream_is_capturing(stream)) return enqueue(stream);
+  graphs->run(graph_key(entry, args, routing_a, routing_b), stream,
+              [](const void* context, cudaStream_t target) { (*static_cast<const Enqueue*>(context))(target); },
+              &enqueue);
+}
+
 std::size_t logits_element_bytes(const MoeSpec& spec) {
   return spec.routing.logits_dtype == LogitsDType::kBFloat16 ? 2 : 4;
 }
@@ -182,22 +193,8 @@ void MoeRunner::run_from_logits(const RunArgs& args, const void* router_logits, 
                     {"RunArgs.act_scale", args.act_scale, 4},
                     {"RunArgs.intermediate_act_scale", args.intermediate_act_scale, 4}});
   if (args.num_tokens == 0) return;
-  if (graphs_ != nullptr && !stream_is_capturing(stream)) {
-    struct Context {
-      const MoeRunner* runner;
-      const RunArgs* args;
-      const void* logits;
-    };
-    const Context context{this, &args, router_logits};
-    graphs_->run(graph_key(0, args, router_logits, nullptr), stream,
-                 [](const void* opaque, cudaStream_t target) {
-                   const auto* c = static_cast<const Context*>(opaque);
-                   c->runner->enqueue_from_logits(*c->args, c->logits, target);
-                 },
-                 &context);
-    return;
-  }
-  enqueue_from_logits(args, router_logits, stream);
+  enqueue_or_replay(graphs_.get(), 0, args, router_logits, nullptr, stream,
+                    [&](cudaStream_t target) { enqueue_from_logits(args, router_logits, target); });
 }
 
 void MoeRunner::enqueue_from_logits(const RunArgs& args, const void* router_logits, cudaStream_t stream) const {
@@ -206,7 +203,7 @@ void MoeRunner::enqueue_from_logits(const RunArgs& args, const void* router_logi
   const dispatch::WorkspaceLayout layout = dispatch::workspace_layout(spec_, chunk_tokens_);
   int* topk_ids = at<int>(args.workspace, layout.topk_ids);
   float* topk_weights = at<float>(args.workspace, layout.topk_weights);
-  const int sms = num_sms_ > 0 ? num_sms_ : device_sm_count();
+  const int sms = num_sms_ > 0 ? num_sms_ : device_sm_count();   // 0: planned without a GPU
   for (int first = 0; first < args.num_tokens; first += chunk_tokens_) {
     RunArgs chunk = args;
     chunk.num_tokens = std::min(chunk_tokens_, args.num_tokens - first);
@@ -240,23 +237,8 @@ void MoeRunner::run_from_topk(const RunArgs& args, const std::int32_t* topk_ids,
                     {"RunArgs.act_scale", args.act_scale, 4},
                     {"RunArgs.intermediate_act_scale", args.intermediate_act_scale, 4}});
   if (args.num_tokens == 0) return;
-  if (graphs_ != nullptr && !stream_is_capturing(stream)) {
-    struct Context {
-      const MoeRunner* runner;
-      const RunArgs* args;
-      const std::int32_t* ids;
-      const float* weights;
-    };
-    const Context context{this, &args, topk_ids, topk_weights};
-    graphs_->run(graph_key(1, args, topk_ids, topk_weights), stream,
-                 [](const void* opaque, cudaStream_t target) {
-                   const auto* c = static_cast<const Context*>(opaque);
-                   c->runner->enqueue_from_topk(*c->args, c->ids, c->weights, target);
-                 },
-                 &context);
-    return;
-  }
-  enqueue_from_topk(args, topk_ids, topk_weights, stream);
+  enqueue_or_replay(graphs_.get(), 1, args, topk_ids, topk_weights, stream,
+                    [&](cudaStream_t target) { enqueue_from_topk(args, topk_ids, topk_weights, target); });
 }
 
 void MoeRunner::enqueue_from_topk(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights,

@@ -1,10 +1,12 @@
-// measure_host_overhead: steady-clock timing of enqueues, graph node counting with cudaGraphGetNodes.
+// measure_host_overhead: steady-clock timing of enqueues, graph node counting with cudaGraphGetNodes;
+// measure_launch_costs: the same timing of an empty kernel launch and of one TMA descriptor encode.
 #include "testkit/host_overhead.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <vector>
 
+#include "gemm/tensor_map.hpp"
 #include "testkit/cuda_handles.hpp"
 
 namespace hmoe::testkit {
@@ -33,7 +35,28 @@ std::vector<double> time_calls(int calls, const Stream& stream, Call&& call) {
   return call_us;
 }
 
+__global__ void empty_kernel(int* never_written) {
+  if (never_written != nullptr && threadIdx.x == 1024) *never_written = 0;
+}
+
 }  // namespace
+
+LaunchCosts measure_launch_costs(int calls) {
+  const Stream stream;
+  DeviceBuffer target(1 << 20);
+  const auto launch = [&] {
+    empty_kernel<<<1, 32, 0, stream.get()>>>(nullptr);
+    HMOE_CUDA_CHECK(cudaGetLastError());
+  };
+  time_calls(kWarmupCalls, stream, launch);   // module load
+  LaunchCosts costs;
+  costs.empty_launch_us = percentile(time_calls(calls, stream, launch), 0.5);
+  costs.tensor_map_encode_us = percentile(time_calls(calls, stream, [&] {
+                                            static_cast<void>(gemm::make_tensor_map(target.get(), 256, 2048, 64, 2));
+                                          }),
+                                          0.5);
+  return costs;
+}
 
 HostOverhead measure_host_overhead(const LayerWeights& weights, int num_tokens, int calls) {
   if (num_tokens < 1 || calls < 1) throw Error("hmoe testkit: measure_host_overhead needs num_tokens, calls >= 1");
