@@ -59,6 +59,7 @@ struct Options {
   int warmup = 3;
   int iters = 20;
   bool check = true;
+  bool overlap = false;             // also time run_overlapped with the tokens split in two micro-batches
 };
 
 const char* kUsage =
@@ -74,7 +75,9 @@ const char* kUsage =
     "  --fp8-dispatch         send x as e4m3 rows with 1x128 scales\n"
     "  --tokens T[,T...]      tokens per rank (default 1,64,4096)\n"
     "  --iters N, --warmup N  timed and untimed runs per token count (default 20, 3)\n"
-    "  --no-check             skip the comparison with the single-GPU layer\n";
+    "  --no-check             skip the comparison with the single-GPU layer\n"
+    "  --overlap              also time the same tokens as two micro-batches through run_overlapped\n"
+    "                         (two-batch overlap) against one run_from_topk, and check they agree\n";
 
 int env_int(const char* name, int fallback) {
   const char* value = std::getenv(name);
@@ -108,6 +111,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--iters") options.iters = std::stoi(value());
     else if (arg == "--warmup") options.warmup = std::stoi(value());
     else if (arg == "--no-check") options.check = false;
+    else if (arg == "--overlap") options.overlap = true;
     else if (arg == "--help" || arg == "-h") {
       std::cout << kUsage;
       std::exit(0);
@@ -222,7 +226,63 @@ struct Row {
   double rel_error = -1.0, bit_identical_fraction = 0.0, bad = 0.0;
   double ep_us = 0, a2a_us = 0, experts_us = 0, single_us = 0;
   double a2a_gbps = 0, nccl_gbps = 0;
+  double one_batch_us = 0, two_batch_us = 0, overlap_rel_error = -1.0;   // --overlap only
 };
+
+// --overlap: the same tokens and routing (top-k entry) as one run_from_topk and as two micro-batches
+// (first half, second half) through run_overlapped; both the slowest rank's median.
+void time_overlap(const Options& options, const hmoe::ep::EpLayerWeights& weights, const hmoe::ep::EpInputs& inputs,
+                  hmoe::EpMoeLayer& layer, const DeviceBuffer& workspace, int tokens, ncclComm_t comm,
+                  cudaStream_t stream, Row& row) {
+  const hmoe::MoeSpec& spec = weights.spec;
+  const std::size_t out_count = static_cast<std::size_t>(tokens) * spec.hidden;
+  const std::size_t row_bytes = static_cast<std::size_t>(spec.hidden) * 2;
+  DeviceBuffer second_workspace(layer.workspace_bytes()), one_out(out_count * 2), two_out(out_count * 2);
+  const hmoe::testkit::Stream comm_stream;
+  const Event start, stop;
+  hmoe::EpRunArgs all;
+  all.num_tokens = tokens;
+  all.x = inputs.x.get();
+  all.out = one_out.get();
+  all.weights = weights.local();
+  all.workspace = workspace.get();
+  all.workspace_size = workspace.bytes();
+  const int half = tokens / 2;
+  std::vector<hmoe::EpMicroBatch> batches(2);
+  for (int b = 0; b < 2; ++b) {
+    const std::size_t first = b == 0 ? 0 : half;
+    hmoe::EpMicroBatch& batch = batches[b];
+    batch.args = all;
+    batch.args.num_tokens = b == 0 ? half : tokens - half;
+    batch.args.x = static_cast<const std::uint8_t*>(inputs.x.get()) + first * row_bytes;
+    batch.args.out = static_cast<std::uint8_t*>(two_out.get()) + first * row_bytes;
+    batch.args.workspace = b == 0 ? workspace.get() : second_workspace.get();
+    batch.topk_ids = inputs.topk_ids.as<const std::int32_t>() + first * spec.top_k;
+    batch.topk_weights = inputs.topk_weights.as<const float>() + first * spec.top_k;
+  }
+  std::vector<double> one_ms, two_ms;
+  for (int i = 0; i < options.warmup + options.iters; ++i) {
+    start.record(stream);
+    layer.run_from_topk(all, inputs.topk_ids.as<const std::int32_t>(), inputs.topk_weights.as<const float>(), stream);
+    stop.record(stream);
+    HMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (i >= options.warmup) one_ms.push_back(event_ms(start, stop));
+    start.record(stream);
+    layer.run_overlapped(batches, stream, comm_stream.get());
+    stop.record(stream);
+    HMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (i >= options.warmup) two_ms.push_back(event_ms(start, stop));
+  }
+  // Two micro-batches plan their local GEMMs for fewer rows, so they agree with one run within
+  // the bf16 bound, not bit for bit.
+  const Check check = compare(hmoe::testkit::copy_to_host<std::uint16_t>(one_out.get(), out_count, stream),
+                              hmoe::testkit::copy_to_host<std::uint16_t>(two_out.get(), out_count, stream));
+  const std::vector<double> sums = all_reduce({check.diff_squared, check.ref_squared}, ncclSum, comm, stream);
+  row.overlap_rel_error = sums[1] > 0 ? std::sqrt(sums[0] / sums[1]) : 0.0;
+  const std::vector<double> slowest = all_reduce({median(one_ms), median(two_ms)}, ncclMax, comm, stream);
+  row.one_batch_us = slowest[0] * 1e3;
+  row.two_batch_us = slowest[1] * 1e3;
+}
 
 // One token count: check, then time the EP layer (with its phases), the single-GPU layer and a
 // uniform all-to-all of the EP dispatch's size. Every value is reduced over the ranks.
@@ -294,6 +354,8 @@ Row run_token_count(const Options& options, const hmoe::ep::EpLayerWeights& weig
     HMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
     if (i >= options.warmup) single_ms.push_back(event_ms(start, stop));
   }
+
+  if (options.overlap && tokens >= 2) time_overlap(options, weights, inputs, layer, workspace, tokens, comm, stream, row);
 
   // Bytes this rank puts on the wire per run (off-rank only): x rows (and ids, weights, scales)
   // out, results back to their owners.
@@ -369,7 +431,8 @@ int run(const Options& options) {
     }
     for (int tokens : options.tokens) {
       const Row row = run_token_count(options, weights, tokens, comm, stream.get());
-      const bool passed = !options.check || (row.rel_error <= kTolerance && row.bad == 0);
+      const bool passed = !options.check || (row.rel_error <= kTolerance && row.bad == 0 &&
+                                             row.overlap_rel_error <= kTolerance);
       if (!passed) status = 1;
       if (options.rank != 0) continue;
       const double ep_tokens_per_s = options.world_size * tokens / (row.ep_us * 1e-6);
@@ -379,6 +442,10 @@ int run(const Options& options) {
                   ep_tokens_per_s, single_tokens_per_s, row.a2a_gbps, row.nccl_gbps,
                   row.nccl_gbps > 0 ? 100.0 * row.a2a_gbps / row.nccl_gbps : 0.0,
                   !options.check ? "" : passed ? "PASS" : "FAIL");
+      if (options.overlap && tokens >= 2)
+        std::printf("%8s overlap: one batch (top-k entry) %.1f us, two micro-batches %.1f us (%+.1f%%), rel_err %.2e\n",
+                    "", row.one_batch_us, row.two_batch_us, 100.0 * (row.two_batch_us / row.one_batch_us - 1.0),
+                    row.overlap_rel_error);
     }
   } catch (const std::exception& error) {
     std::cerr << "ep_moe rank " << options.rank << ": " << error.what() << "\n";

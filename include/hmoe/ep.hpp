@@ -73,6 +73,14 @@ struct EpRunArgs {
   const EpPhaseEvents* events = nullptr;
 };
 
+// One micro-batch of EpMoeLayer::run_overlapped: its own arguments (x, out, and a workspace of its
+// own, workspace_bytes() each) and its precomputed routing, as run_from_topk takes them.
+struct EpMicroBatch {
+  EpRunArgs args;
+  const std::int32_t* topk_ids = nullptr;
+  const float* topk_weights = nullptr;
+};
+
 // Rows exchanged by the last run, per peer rank (for benchmarks: bytes on the wire).
 struct EpExchangeCounts {
   std::vector<int> sent_rows;            // [R]: pairs this rank sent to each rank (itself included)
@@ -109,6 +117,14 @@ class EpMoeLayer {
                      cudaStream_t stream);
   // Routes with the spec's routing function on this rank (router_logits [T, E], device), then as above.
   void run_from_logits(const EpRunArgs& args, const void* router_logits, cudaStream_t stream);
+  // Two-batch overlap (docs/EP.md): the micro-batches run in order, and batch b + 1's dispatch
+  // (packing, count exchange with its host wait, row exchange) is issued on comm_stream while batch b's
+  // local experts run on stream; batch b's results then travel back on comm_stream while batch
+  // b + 1 computes. Each batch's output is bit-identical to run_from_topk on it alone. Every rank
+  // must pass the same number of micro-batches; comm_stream must not be stream; on return, stream
+  // is ordered after every batch's output (comm_stream only after its own work). last_exchange()
+  // then describes the last batch.
+  void run_overlapped(const std::vector<EpMicroBatch>& batches, cudaStream_t stream, cudaStream_t comm_stream);
 
  private:
   struct State;

@@ -414,6 +414,63 @@ TEST(EpOneGpuEdges, Fp8Dispatch) {
   }
 }
 
+// Two-batch overlap on one rank: three micro-batches of different sizes through run_overlapped
+// give, batch by batch, the bits run_from_topk gives each alone (bf16 and fp8 dispatch).
+TEST(EpOneGpuEdges, OverlappedMicroBatchesMatchSequentialRuns) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  const testkit::Stream stream, comm_stream;
+  const SingleRankComm nccl;
+  for (const char* preset_name : {"qwen3-30b-a3b", "deepseek-v3-tp8"}) {
+    for (EpDispatchDType dispatch : {EpDispatchDType::kBF16, EpDispatchDType::kFP8Block128}) {
+      const ep::EpLayerWeights weights = ep::make_ep_layer_weights(preset(preset_name), 0, 1, kWeightSeed, stream.get());
+      const std::vector<int> sizes = {64, 1, 1000};
+      EpMoeLayer layer(weights.spec, 0, 1, nccl.comm, ep_options(1000, dispatch));
+      std::vector<ep::EpInputs> inputs;
+      std::vector<DeviceBuffer> workspaces, outs;
+      std::vector<EpMicroBatch> batches;
+      for (std::size_t b = 0; b < sizes.size(); ++b) {
+        inputs.push_back(ep::make_ep_inputs(weights, sizes[b], RoutingMode::kUniform, 300 + b, stream.get()));
+        workspaces.emplace_back(layer.workspace_bytes());
+        outs.emplace_back(static_cast<std::size_t>(sizes[b]) * weights.spec.hidden * 2);
+      }
+      for (std::size_t b = 0; b < sizes.size(); ++b) {
+        EpMicroBatch batch;
+        batch.args.num_tokens = sizes[b];
+        batch.args.x = inputs[b].x.get();
+        batch.args.out = outs[b].get();
+        batch.args.weights = weights.local();
+        batch.args.workspace = workspaces[b].get();
+        batch.args.workspace_size = workspaces[b].bytes();
+        batch.topk_ids = inputs[b].topk_ids.as<const std::int32_t>();
+        batch.topk_weights = inputs[b].topk_weights.as<const float>();
+        batches.push_back(batch);
+      }
+      std::vector<std::vector<std::uint16_t>> sequential;
+      for (std::size_t b = 0; b < sizes.size(); ++b) {
+        const std::size_t count = static_cast<std::size_t>(sizes[b]) * weights.spec.hidden;
+        testkit::poison_bf16(outs[b].get(), count, stream.get());
+        layer.run_from_topk(batches[b].args, batches[b].topk_ids, batches[b].topk_weights, stream.get());
+        sequential.push_back(testkit::copy_to_host<std::uint16_t>(outs[b].get(), count, stream.get()));
+      }
+      for (std::size_t b = 0; b < sizes.size(); ++b)
+        testkit::poison_bf16(outs[b].get(), static_cast<std::size_t>(sizes[b]) * weights.spec.hidden, stream.get());
+      layer.run_overlapped(batches, stream.get(), comm_stream.get());
+      for (std::size_t b = 0; b < sizes.size(); ++b) {
+        const std::vector<std::uint16_t> overlapped = testkit::copy_to_host<std::uint16_t>(
+            outs[b].get(), static_cast<std::size_t>(sizes[b]) * weights.spec.hidden, stream.get());
+        EXPECT_TRUE(overlapped == sequential[b]) << preset_name << " micro-batch " << b << " (T=" << sizes[b]
+                                                 << "): overlapped output differs from the sequential run";
+      }
+      EXPECT_EQ(layer.last_exchange().sent_rows, std::vector<int>{sizes.back() * weights.spec.top_k});
+      // The same workspace twice is refused before anything is enqueued.
+      std::vector<EpMicroBatch> shared = {batches[0], batches[1]};
+      shared[1].args.workspace = shared[0].args.workspace;
+      EXPECT_THROW(layer.run_overlapped(shared, stream.get(), comm_stream.get()), Error);
+      EXPECT_THROW(layer.run_overlapped(batches, stream.get(), stream.get()), Error);
+    }
+  }
+}
+
 // ---- Several GPUs, one thread per rank -------------------------------------------------------
 
 TEST(EpMultiGpu, MatchesTheSingleGpuLayer) {
