@@ -48,6 +48,7 @@ for dtype in $dtypes; do
   done
 done
 cp tuned/*.json "$out/tuned/" 2>/dev/null
+cp tuned/*.partial "$out/tuned/" 2>/dev/null   # an interrupted table, to resume from
 note "tables       | $(ls tuned/*.json 2>/dev/null | wc -l) in tuned/ (copied to \$OUT/tuned/)"
 
 # ---- Independent check, fresh measurements: tuned table vs analytic rule (empty HMOE_TUNED_DIR).
@@ -66,18 +67,21 @@ done
 rmdir "$empty"
 if [ "${HMOE_TUNE_ONLY:-0}" = 1 ]; then presets_timed=""; else presets_timed=$presets; fi
 
-# ---- Cold start and first-call latency, one fresh process per preset.
-for preset in $presets_timed; do
-  timeout 60 "$hmoe" coldstart --model "$preset" >"$out/coldstart-$preset.log" 2>&1
-  note "coldstart    | $(grep '^coldstart:' "$out/coldstart-$preset.log" | sed 's/^coldstart: //' || echo "$preset FAILED")"
+# ---- Cold start and first-call latency, one fresh process per preset and dtype.
+for dtype in $dtypes; do
+  for preset in $presets_timed; do
+    timeout 60 "$hmoe" coldstart --model "$preset" --dtype "$dtype" >"$out/coldstart-$preset-$dtype.log" 2>&1
+    line=$(grep '^coldstart:' "$out/coldstart-$preset-$dtype.log" | sed 's/^coldstart: //')
+    note "coldstart    | ${line:-$preset $dtype FAILED}"
+  done
 done
 
 # ---- Host overhead: CPU time per run and per graph launch, launches per layer.
 host_presets="qwen3-30b-a3b deepseek-v3-tp8"; [ -z "$presets_timed" ] && host_presets=""
 for preset in $host_presets; do
   timeout 60 "$hmoe" bench --model "$preset" --host-overhead >"$out/host-overhead-$preset.log" 2>&1
-  while read -r t run p90 graph kernels nodes rest; do
-    note "host         | $preset T=$t: run ${run} us (p90 ${p90}), graph launch ${graph} us, ${kernels} kernels/${nodes} nodes"
+  while read -r t run p90 replay graph kernels nodes rest; do
+    note "host         | $preset T=$t: run ${run} us (p90 ${p90}), replayed run ${replay} us, graph launch ${graph} us, ${kernels} kernels/${nodes} nodes"
   done < <(grep -E '^ +[0-9]+ ' "$out/host-overhead-$preset.log")
 done
 
@@ -87,7 +91,9 @@ for dtype in $dtypes; do
   done
   echo "==== qwen3-30b-a3b $dtype: explain"; cat "$out/explain-qwen3-30b-a3b-$dtype.log"
 done
-for preset in $presets_timed; do echo "==== $preset: coldstart"; cat "$out/coldstart-$preset.log"; done
+for dtype in $dtypes; do
+  for preset in $presets_timed; do echo "==== $preset $dtype: coldstart"; cat "$out/coldstart-$preset-$dtype.log"; done
+done
 for preset in $host_presets; do
   echo "==== $preset: host overhead"; cat "$out/host-overhead-$preset.log"
 done

@@ -207,10 +207,6 @@ BenchCommand parse_bench(const ParsedOptions& parsed) {
   return command;
 }
 
-std::string dtype_name(const MoeSpec& spec) {
-  return spec.weight_dtype == WeightDType::kBF16 ? "bf16" : to_string(spec.scheme);
-}
-
 std::string command_line_of(const std::vector<std::string>& args) {
   std::string line = "hmoe bench";
   for (const std::string& arg : args) line += " " + arg;

@@ -104,6 +104,10 @@ testkit::Entry parse_entry_option(const std::string& text) {
   throw UsageError("--entry '" + text + "': expected logits or topk");
 }
 
+std::string dtype_name(const MoeSpec& spec) {
+  return spec.weight_dtype == WeightDType::kBF16 ? "bf16" : to_string(spec.scheme);
+}
+
 void apply_dtype(const std::string& dtype, MoeSpec& spec) {
   if (dtype == "bf16") {
     spec.weight_dtype = WeightDType::kBF16;

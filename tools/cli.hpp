@@ -51,6 +51,8 @@ testkit::Entry parse_entry_option(const std::string& text);
 // --dtype bf16 | fp8-tensor | fp8-channel | fp8-block: sets spec's weight dtype and scheme; a
 // scheme the shape cannot run (fp8-block needs H and I multiples of 128) is a usage error.
 void apply_dtype(const std::string& dtype, MoeSpec& spec);
+// The --dtype word of a spec: "bf16", or its FP8 scheme ("fp8-block", ...).
+std::string dtype_name(const MoeSpec& spec);
 // The --dtype line every GPU command's usage shares.
 inline constexpr const char* kDtypeHelp =
     "  --dtype        bf16 (default), or FP8 e4m3 weights and activations: fp8-tensor (per-tensor scales),\n"

@@ -43,9 +43,9 @@ constexpr double kNoiseMargin = 1.02;
 constexpr double kPruneFactor = 2.0;
 
 constexpr const char* kTuneUsage =
-    "usage: hmoe tune --model PRESET [--dtype bf16] [--tokens T[,T...]] [--out DIR]\n"
+    "usage: hmoe tune --model PRESET [--dtype D] [--tokens T[,T...]] [--out DIR]\n"
     "  --model   a preset of DESIGN.md §3 (hmoe info lists them)\n"
-    "  --dtype   weight/activation type (default bf16; FP8 is not implemented yet)\n"
+    "  --dtype   bf16 (default), fp8-tensor, fp8-channel or fp8-block: one table per dtype and scheme\n"
     "  --tokens  token-count buckets of the table (default the DESIGN.md §3 sweep 1,2,4,...,16384)\n"
     "  --out     directory of the table (default $HMOE_TUNED_DIR, else the source tree's tuned/)\n"
     "times every GEMM variant pair that can run the preset at each bucket (CUDA-graph replays, 0.05 s\n"
@@ -104,11 +104,13 @@ std::map<PointKey, double> load_partial(const TuneTarget& target) {
     const dispatch::JsonValue* experts = root.find("E");
     const dispatch::JsonValue* n = root.find("N");
     const dispatch::JsonValue* k = root.find("K");
+    const dispatch::JsonValue* dtype = root.find("dtype");
     const dispatch::JsonValue* points = root.find("points");
     if (device == nullptr || device->string != target.device_name || experts == nullptr ||
         experts->number != target.spec.num_experts || n == nullptr || n->number != target.spec.intermediate ||
-        k == nullptr || k->number != target.spec.hidden || points == nullptr || !points->is_array())
-      throw dispatch::JsonError("for another device or shape");
+        k == nullptr || k->number != target.spec.hidden || dtype == nullptr ||
+        dtype->string != dispatch::tuned_dtype_tag(target.spec) || points == nullptr || !points->is_array())
+      throw dispatch::JsonError("for another device, shape or dtype");
     for (const dispatch::JsonValue& point : points->items) {
       const dispatch::JsonValue* tokens = point.find("T");
       const dispatch::JsonValue* variant = point.find("variant");
@@ -206,8 +208,9 @@ int tune(const TuneTarget& target, const std::vector<std::string>& args) {
   if (candidates.empty()) throw Error("hmoe tune: no compiled variant pair can run this layer");
   std::map<PointKey, double> times = load_partial(target);
 
-  std::printf("tuning %s (E=%d k=%d H=%d I=%d bf16) on %s: %zu variant pairs x %zu buckets\n",
+  std::printf("tuning %s (E=%d k=%d H=%d I=%d %s) on %s: %zu variant pairs x %zu buckets\n",
               target.preset_name.c_str(), spec.num_experts, spec.top_k, spec.hidden, spec.intermediate,
+              dtype_name(spec).c_str(),
               target.device_name.c_str(), candidates.size(), target.buckets.size());
   std::fflush(stdout);
   testkit::LayerWeights weights;
