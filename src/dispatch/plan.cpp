@@ -36,14 +36,19 @@ Plan choose_plan(const MoeSpec& spec, int num_tokens, Orientation orientation, c
   const double swap_limit = fp8 ? 16.0 : 64.0;
   plan.swap_ab = orientation == Orientation::kSwapAB ||
                  (orientation == Orientation::kAuto && tokens_per_expert <= swap_limit);
+  // FP8 token tiles are sized for twice the tokens per expert: at 8–64 tokens per expert `hmoe tune`
+  // picked the next larger tile on all five presets on H200 (1.09–1.23× faster; docs/PERF.md,
+  // "FP8 tuned tables") — an FP8 tile streams half the weight bytes of a bf16 one, so the per-tile
+  // fixed costs (pipeline fill, scale loads, promotion, epilogue) weigh twice as much.
+  const double tile_tokens = fp8 ? 2.0 * tokens_per_expert : tokens_per_expert;
   if (plan.swap_ab) {
     // FP8 Swap-AB tiles stop at 64 tokens (no 128-token FP8 Swap-AB variant is compiled).
     const int limit = orientation == Orientation::kSwapAB && !fp8 ? 128 : 64;
-    plan.token_tile = std::clamp(next_power_of_two(tokens_per_expert), kMinTokenTile, limit);
+    plan.token_tile = std::clamp(next_power_of_two(tile_tokens), kMinTokenTile, limit);
   } else {
     // 128×256 tiles (two consumer warpgroups) once an expert's tokens fill them; smaller experts
     // would pad most of the 128 token rows.
-    plan.token_tile = tokens_per_expert >= 128.0 ? 128 : 64;
+    plan.token_tile = tile_tokens >= 128.0 ? 128 : 64;
   }
   // Weight tiles: 128 rows (two consumer warpgroups) once Swap-AB tiles hold 16+ tokens — measured
   // 3–6% faster than 64 rows on qwen3-30b-a3b and mixtral-8x7b at T = 64…1024 (docs/PERF.md, v3).

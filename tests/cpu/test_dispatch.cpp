@@ -208,6 +208,27 @@ TEST(Registry, AnalyticRuleSwitchesOrientationPerDtype) {
   }
 }
 
+// FP8 token tiles hold twice the tokens per expert (what hmoe tune picked on every preset, H200);
+// bf16 tiles hold the next power of two of them.
+TEST(Registry, AnalyticRuleSizesFp8TokenTilesForTwiceTheTokensPerExpert) {
+  MoeSpec spec = preset("qwen3-30b-a3b");   // tokens per expert = T / 16
+  struct Row { int tokens; bool bf16_swap; int bf16_tile; bool fp8_swap; int fp8_tile; };
+  for (const Row row : {Row{1, true, 8, true, 8}, Row{64, true, 8, true, 8}, Row{100, true, 8, true, 16},
+                        Row{128, true, 8, true, 16}, Row{256, true, 16, true, 32}, Row{512, true, 32, false, 64},
+                        Row{1024, true, 64, false, 128}, Row{2048, false, 128, false, 128}}) {
+    spec.weight_dtype = WeightDType::kBF16;
+    spec.scheme = QuantScheme::kNone;
+    const Plan bf16 = choose_plan(spec, row.tokens, Orientation::kAuto);
+    EXPECT_EQ(bf16.swap_ab, row.bf16_swap) << "bf16 T=" << row.tokens;
+    EXPECT_EQ(bf16.token_tile, row.bf16_tile) << "bf16 T=" << row.tokens;
+    spec.weight_dtype = WeightDType::kFP8E4M3;
+    spec.scheme = QuantScheme::kBlock128;
+    const Plan fp8 = choose_plan(spec, row.tokens, Orientation::kAuto);
+    EXPECT_EQ(fp8.swap_ab, row.fp8_swap) << "fp8 T=" << row.tokens;
+    EXPECT_EQ(fp8.token_tile, row.fp8_tile) << "fp8 T=" << row.tokens;
+  }
+}
+
 // Every FP8 layer plans only variants of its own scheme, at every T, in every orientation; block
 // layers never take the 256-row weight tile (its two accumulators would not fit the registers).
 TEST(Registry, Fp8SchemesPlanTheirOwnVariants) {
@@ -392,11 +413,17 @@ TEST(TunedTable, ShippedTablesAreValid) {
     const std::string device = root.find("device_name")->string;
     bool matched = false;
     for (const std::string& name : preset_names()) {
-      const MoeSpec spec = preset(name);
-      if (tuned_file_name(spec, device) != entry.path().filename().string()) continue;
-      std::string error;
-      EXPECT_NE(read_tuned_table(entry.path().string(), spec, device, &error), nullptr) << entry.path() << ": " << error;
-      matched = true;
+      for (const QuantScheme scheme : {QuantScheme::kNone, QuantScheme::kPerTensor, QuantScheme::kPerChannelPerToken,
+                                       QuantScheme::kBlock128}) {
+        MoeSpec spec = preset(name);
+        spec.scheme = scheme;
+        spec.weight_dtype = scheme == QuantScheme::kNone ? WeightDType::kBF16 : WeightDType::kFP8E4M3;
+        if (tuned_file_name(spec, device) != entry.path().filename().string()) continue;
+        std::string error;
+        EXPECT_NE(read_tuned_table(entry.path().string(), spec, device, &error), nullptr)
+            << entry.path() << ": " << error;
+        matched = true;
+      }
     }
     EXPECT_TRUE(matched) << entry.path() << " matches no preset's file name";
     ++checked;
@@ -478,7 +505,8 @@ TEST(Cli, TuneAndColdstartUsage) {
     EXPECT_NE(output.find("usage: hmoe"), std::string::npos) << output;
   }
   for (const std::string command : {"tune", "tune --model gpt-17", "coldstart --model qwen3-30b-a3b --tokens 0",
-                                    "tune --model qwen3-30b-a3b --dtype fp8", "bench --model qwen3-30b-a3b --explain=1"}) {
+                                    "tune --model qwen3-30b-a3b --dtype fp8", "bench --model qwen3-30b-a3b --explain=1",
+                                    "coldstart --model qwen3-30b-a3b --dtype fp9"}) {
     int exit_code = -1;
     const std::string output = cli(command, &exit_code);
     EXPECT_EQ(exit_code, 2) << command << "\n" << output;
