@@ -429,6 +429,16 @@ TEST(TunedTable, ShippedTablesAreValid) {
     ++checked;
   }
   std::printf("%d shipped tuned tables valid\n", checked);
+  // Every preset ships an H200 table for bf16 and for each FP8 scheme.
+  for (const std::string& name : preset_names()) {
+    for (const QuantScheme scheme : {QuantScheme::kNone, QuantScheme::kPerTensor, QuantScheme::kPerChannelPerToken,
+                                     QuantScheme::kBlock128}) {
+      MoeSpec spec = preset(name);
+      spec.scheme = scheme;
+      spec.weight_dtype = scheme == QuantScheme::kNone ? WeightDType::kBF16 : WeightDType::kFP8E4M3;
+      EXPECT_TRUE(fs::exists(dir / tuned_file_name(spec, "NVIDIA H200"))) << name << " " << to_string(scheme);
+    }
+  }
 }
 
 TEST(ForcedVariant, RunnerUsesItOrNamesWhatIsWrong) {
