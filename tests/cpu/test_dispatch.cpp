@@ -28,6 +28,16 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kDevice = "NVIDIA H200";
+constexpr QuantScheme kEveryScheme[] = {QuantScheme::kNone, QuantScheme::kPerTensor, QuantScheme::kPerChannelPerToken,
+                                        QuantScheme::kBlock128};
+
+// A preset with bf16 weights (kNone) or FP8 weights in the given scheme.
+MoeSpec preset_in(const std::string& name, QuantScheme scheme) {
+  MoeSpec spec = preset(name);
+  spec.scheme = scheme;
+  spec.weight_dtype = scheme == QuantScheme::kNone ? WeightDType::kBF16 : WeightDType::kFP8E4M3;
+  return spec;
+}
 
 std::string run_command(const std::string& command, int* exit_code) {
   const hmoe::test::CommandResult result = hmoe::test::run_command(command);
@@ -196,34 +206,29 @@ TEST(Registry, RejectsWhatCannotRun) {
 // FP8 (measured on H200, docs/PERF.md "FP8 v2": FP8 Swap-AB tiles of 32-64 tokens lost to the normal
 // 128-token tiles by 19-23%).
 TEST(Registry, AnalyticRuleSwitchesOrientationPerDtype) {
-  MoeSpec spec = preset("qwen3-30b-a3b");   // 128 experts, k = 8: tokens per expert = T / 16
+  // 128 experts, k = 8: tokens per expert = T / 16
+  const MoeSpec bf16 = preset_in("qwen3-30b-a3b", QuantScheme::kNone);
+  const MoeSpec fp8 = preset_in("qwen3-30b-a3b", QuantScheme::kBlock128);
   for (int tokens : {16, 256, 272, 512, 1024, 1040, 2048}) {
     const double per_expert = tokens / 16.0;
-    spec.weight_dtype = WeightDType::kBF16;
-    spec.scheme = QuantScheme::kNone;
-    EXPECT_EQ(choose_plan(spec, tokens, Orientation::kAuto).swap_ab, per_expert <= 64.0) << "bf16 T=" << tokens;
-    spec.weight_dtype = WeightDType::kFP8E4M3;
-    spec.scheme = QuantScheme::kBlock128;
-    EXPECT_EQ(choose_plan(spec, tokens, Orientation::kAuto).swap_ab, per_expert <= 16.0) << "fp8 T=" << tokens;
+    EXPECT_EQ(choose_plan(bf16, tokens, Orientation::kAuto).swap_ab, per_expert <= 64.0) << "bf16 T=" << tokens;
+    EXPECT_EQ(choose_plan(fp8, tokens, Orientation::kAuto).swap_ab, per_expert <= 16.0) << "fp8 T=" << tokens;
   }
 }
 
 // FP8 token tiles hold twice the tokens per expert (what hmoe tune picked on every preset, H200);
 // bf16 tiles hold the next power of two of them.
 TEST(Registry, AnalyticRuleSizesFp8TokenTilesForTwiceTheTokensPerExpert) {
-  MoeSpec spec = preset("qwen3-30b-a3b");   // tokens per expert = T / 16
+  const MoeSpec bf16_spec = preset_in("qwen3-30b-a3b", QuantScheme::kNone);   // tokens per expert = T / 16
+  const MoeSpec fp8_spec = preset_in("qwen3-30b-a3b", QuantScheme::kBlock128);
   struct Row { int tokens; bool bf16_swap; int bf16_tile; bool fp8_swap; int fp8_tile; };
   for (const Row row : {Row{1, true, 8, true, 8}, Row{64, true, 8, true, 8}, Row{100, true, 8, true, 16},
                         Row{128, true, 8, true, 16}, Row{256, true, 16, true, 32}, Row{512, true, 32, false, 64},
                         Row{1024, true, 64, false, 128}, Row{2048, false, 128, false, 128}}) {
-    spec.weight_dtype = WeightDType::kBF16;
-    spec.scheme = QuantScheme::kNone;
-    const Plan bf16 = choose_plan(spec, row.tokens, Orientation::kAuto);
+    const Plan bf16 = choose_plan(bf16_spec, row.tokens, Orientation::kAuto);
     EXPECT_EQ(bf16.swap_ab, row.bf16_swap) << "bf16 T=" << row.tokens;
     EXPECT_EQ(bf16.token_tile, row.bf16_tile) << "bf16 T=" << row.tokens;
-    spec.weight_dtype = WeightDType::kFP8E4M3;
-    spec.scheme = QuantScheme::kBlock128;
-    const Plan fp8 = choose_plan(spec, row.tokens, Orientation::kAuto);
+    const Plan fp8 = choose_plan(fp8_spec, row.tokens, Orientation::kAuto);
     EXPECT_EQ(fp8.swap_ab, row.fp8_swap) << "fp8 T=" << row.tokens;
     EXPECT_EQ(fp8.token_tile, row.fp8_tile) << "fp8 T=" << row.tokens;
   }
@@ -234,9 +239,7 @@ TEST(Registry, AnalyticRuleSizesFp8TokenTilesForTwiceTheTokensPerExpert) {
 TEST(Registry, Fp8SchemesPlanTheirOwnVariants) {
   for (const std::string name : {"qwen3-30b-a3b", "deepseek-v3-tp8", "mixtral-8x7b"}) {
     for (QuantScheme scheme : {QuantScheme::kPerTensor, QuantScheme::kPerChannelPerToken, QuantScheme::kBlock128}) {
-      MoeSpec spec = preset(name);
-      spec.weight_dtype = WeightDType::kFP8E4M3;
-      spec.scheme = scheme;
+      MoeSpec spec = preset_in(name, scheme);
       const std::vector<PlanVariant> eligible = eligible_plan_variants(spec);
       ASSERT_FALSE(eligible.empty()) << name << " " << to_string(scheme);
       for (const PlanVariant& pair : eligible)
@@ -413,11 +416,8 @@ TEST(TunedTable, ShippedTablesAreValid) {
     const std::string device = root.find("device_name")->string;
     bool matched = false;
     for (const std::string& name : preset_names()) {
-      for (const QuantScheme scheme : {QuantScheme::kNone, QuantScheme::kPerTensor, QuantScheme::kPerChannelPerToken,
-                                       QuantScheme::kBlock128}) {
-        MoeSpec spec = preset(name);
-        spec.scheme = scheme;
-        spec.weight_dtype = scheme == QuantScheme::kNone ? WeightDType::kBF16 : WeightDType::kFP8E4M3;
+      for (const QuantScheme scheme : kEveryScheme) {
+        const MoeSpec spec = preset_in(name, scheme);
         if (tuned_file_name(spec, device) != entry.path().filename().string()) continue;
         std::string error;
         EXPECT_NE(read_tuned_table(entry.path().string(), spec, device, &error), nullptr)
@@ -431,12 +431,8 @@ TEST(TunedTable, ShippedTablesAreValid) {
   std::printf("%d shipped tuned tables valid\n", checked);
   // Every preset ships an H200 table for bf16 and for each FP8 scheme.
   for (const std::string& name : preset_names()) {
-    for (const QuantScheme scheme : {QuantScheme::kNone, QuantScheme::kPerTensor, QuantScheme::kPerChannelPerToken,
-                                     QuantScheme::kBlock128}) {
-      MoeSpec spec = preset(name);
-      spec.scheme = scheme;
-      spec.weight_dtype = scheme == QuantScheme::kNone ? WeightDType::kBF16 : WeightDType::kFP8E4M3;
-      EXPECT_TRUE(fs::exists(dir / tuned_file_name(spec, "NVIDIA H200"))) << name << " " << to_string(scheme);
+    for (const QuantScheme scheme : kEveryScheme) {
+      EXPECT_TRUE(fs::exists(dir / tuned_file_name(preset_in(name, scheme), kDevice))) << name << " " << to_string(scheme);
     }
   }
 }
