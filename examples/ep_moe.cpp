@@ -229,6 +229,19 @@ struct Row {
   double one_batch_us = 0, two_batch_us = 0, overlap_rel_error = -1.0;   // --overlap only
 };
 
+// The EP layer's arguments for all of inputs' tokens, written to out.
+hmoe::EpRunArgs ep_args(const hmoe::ep::EpLayerWeights& weights, const hmoe::ep::EpInputs& inputs, int tokens,
+                        void* out, const DeviceBuffer& workspace) {
+  hmoe::EpRunArgs args;
+  args.num_tokens = tokens;
+  args.x = inputs.x.get();
+  args.out = out;
+  args.weights = weights.local();
+  args.workspace = workspace.get();
+  args.workspace_size = workspace.bytes();
+  return args;
+}
+
 // --overlap: the same tokens and routing (top-k entry) as one run_from_topk and as two micro-batches
 // (first half, second half) through run_overlapped; both the slowest rank's median.
 void time_overlap(const Options& options, const hmoe::ep::EpLayerWeights& weights, const hmoe::ep::EpInputs& inputs,
@@ -240,13 +253,7 @@ void time_overlap(const Options& options, const hmoe::ep::EpLayerWeights& weight
   DeviceBuffer second_workspace(layer.workspace_bytes()), one_out(out_count * 2), two_out(out_count * 2);
   const hmoe::testkit::Stream comm_stream;
   const Event start, stop;
-  hmoe::EpRunArgs all;
-  all.num_tokens = tokens;
-  all.x = inputs.x.get();
-  all.out = one_out.get();
-  all.weights = weights.local();
-  all.workspace = workspace.get();
-  all.workspace_size = workspace.bytes();
+  const hmoe::EpRunArgs all = ep_args(weights, inputs, tokens, one_out.get(), workspace);
   const int half = tokens / 2;
   std::vector<hmoe::EpMicroBatch> batches(2);
   for (int b = 0; b < 2; ++b) {
@@ -302,13 +309,7 @@ Row run_token_count(const Options& options, const hmoe::ep::EpLayerWeights& weig
   DeviceBuffer ep_out(out_count * 2), single_out(out_count * 2);
   const Event start, dispatch_begin, dispatch_end, combine_begin, combine_end, stop;
   const hmoe::EpPhaseEvents phases{dispatch_begin.get(), dispatch_end.get(), combine_begin.get(), combine_end.get()};
-  hmoe::EpRunArgs args;
-  args.num_tokens = tokens;
-  args.x = inputs.x.get();
-  args.out = ep_out.get();
-  args.weights = weights.local();
-  args.workspace = workspace.get();
-  args.workspace_size = workspace.bytes();
+  hmoe::EpRunArgs args = ep_args(weights, inputs, tokens, ep_out.get(), workspace);
 
   const hmoe::MoeRunner single(spec, hmoe::PlanOptions{tokens});
   DeviceBuffer single_workspace(single.workspace_bytes());
