@@ -24,6 +24,10 @@ constexpr const char* kDefaultTokens = "1,3,17,100,777,5000,12345";
 constexpr int kSteadyWarmup = 10;
 constexpr int kSteadyRuns = 50;
 constexpr int kIsolatedRuns = 20;
+// Input sets per T: the first call runs set 0; the steady state cycles through all of them, each
+// routing to other experts, so no steady call finds its weights in L2 from the call before
+// (DESIGN.md §4: rotate when the weights touched fit in L2; at T = 1 they do, 38–75 MB on qwen3).
+constexpr int kInputSets = 5;
 constexpr double kColdStartBudgetMs = 1000.0;
 constexpr double kFirstCallBudget = 1.2;   // first call ≤ 1.2 × the steady-state median measured the same way
 
@@ -37,7 +41,9 @@ constexpr const char* kColdstartUsage =
     "first call is timed alone: the GPU idle before it, CUDA events around its enqueue, so its host\n"
     "launches are in it. The verdict compares it with the median of 20 later calls timed the same way\n"
     "(isolated_us); the median of 50 back-to-back calls, whose launches overlap the previous call's\n"
-    "kernels, is printed next to it (pipelined_us). Exit 1 if no Hopper GPU, 2 on bad usage\n";
+    "kernels, is printed next to it (pipelined_us). Steady calls cycle through 5 input sets routed to\n"
+    "different experts, so their weights are not left in L2 by the call before (the first call runs\n"
+    "set 0 with nothing before it). Exit 1 if no Hopper GPU, 2 on bad usage\n";
 
 using Clock = std::chrono::steady_clock;
 
@@ -117,26 +123,39 @@ int run_coldstart(const std::vector<std::string>& args) {
     testkit::DeviceBuffer out(static_cast<std::size_t>(plan_options.max_tokens) * spec.hidden * 2);
     const Clock::time_point planned = Clock::now();
 
-    std::vector<testkit::LayerInputs> inputs;
-    for (int num_tokens : token_counts)
-      inputs.push_back(testkit::make_layer_inputs(weights, num_tokens, testkit::Entry::kLogits, testkit::RoutingDraw{},
-                                                  stream.get()));
+    // inputs[index][set]: the routing seed differs per set and per T.
+    std::vector<std::vector<testkit::LayerInputs>> inputs(token_counts.size());
+    for (std::size_t index = 0; index < token_counts.size(); ++index) {
+      for (int set = 0; set < kInputSets; ++set) {
+        testkit::RoutingDraw draw;
+        draw.seed = 1 + index * kInputSets + static_cast<std::uint64_t>(set);
+        inputs[index].push_back(
+            testkit::make_layer_inputs(weights, token_counts[index], testkit::Entry::kLogits, draw, stream.get()));
+      }
+    }
     stream.synchronize();
     const Clock::time_point inputs_ready = Clock::now();
 
     std::vector<FirstCall> calls;
     Clock::time_point first_output;
     for (std::size_t index = 0; index < token_counts.size(); ++index) {
-      RunArgs run_args = testkit::run_args(weights, inputs[index], out.get());
-      run_args.workspace = workspace.get();
-      run_args.workspace_size = workspace.bytes();
-      const void* logits = inputs[index].router_logits.get();
+      std::vector<RunArgs> set_args;
+      for (const testkit::LayerInputs& set : inputs[index]) {
+        RunArgs run_args = testkit::run_args(weights, set, out.get());
+        run_args.workspace = workspace.get();
+        run_args.workspace_size = workspace.bytes();
+        set_args.push_back(run_args);
+      }
+      const auto run_set = [&](int run) {
+        const int set = run % kInputSets;
+        runner.run_from_logits(set_args[set], inputs[index][set].router_logits.get(), stream.get());
+      };
       FirstCall call;
       call.num_tokens = token_counts[index];
       const testkit::Event start, stop;
       const Clock::time_point host_start = Clock::now();
       start.record(stream.get());
-      runner.run_from_logits(run_args, logits, stream.get());
+      run_set(0);
       stop.record(stream.get());
       stream.synchronize();
       const Clock::time_point host_stop = Clock::now();
@@ -144,11 +163,11 @@ int run_coldstart(const std::vector<std::string>& args) {
       call.first_us = 1e3 * testkit::elapsed_ms(start, stop);
       call.first_host_us = 1e3 * ms_between(host_start, host_stop);
 
-      for (int run = 0; run < kSteadyWarmup; ++run) runner.run_from_logits(run_args, logits, stream.get());
+      for (int run = 0; run < kSteadyWarmup; ++run) run_set(run);
       std::vector<testkit::Event> marks(kSteadyRuns + 1);
       marks[0].record(stream.get());
       for (int run = 0; run < kSteadyRuns; ++run) {
-        runner.run_from_logits(run_args, logits, stream.get());
+        run_set(run);
         marks[run + 1].record(stream.get());
       }
       stream.synchronize();
@@ -160,7 +179,7 @@ int run_coldstart(const std::vector<std::string>& args) {
       std::vector<double> isolated_us;
       for (int run = 0; run < kIsolatedRuns; ++run) {
         start.record(stream.get());
-        runner.run_from_logits(run_args, logits, stream.get());
+        run_set(run);
         stop.record(stream.get());
         stream.synchronize();
         isolated_us.push_back(1e3 * testkit::elapsed_ms(start, stop));
