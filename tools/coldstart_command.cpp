@@ -32,9 +32,10 @@ constexpr double kColdStartBudgetMs = 1000.0;
 constexpr double kFirstCallBudget = 1.2;   // first call ≤ 1.2 × the steady-state median measured the same way
 
 constexpr const char* kColdstartUsage =
-    "usage: hmoe coldstart --model PRESET [--dtype D] [--tokens T[,T...]]\n"
-    "  --model   a preset of DESIGN.md §3\n"
-    "  --tokens  token counts (default 1,3,17,100,777,5000,12345); the first is the cold-start call\n"
+    "usage: hmoe coldstart --model PRESET [--dtype D] [--tokens T[,T...]] [--no-warm-up]\n"
+    "  --model       a preset of DESIGN.md §3\n"
+    "  --tokens      token counts (default 1,3,17,100,777,5000,12345); the first is the cold-start call\n"
+    "  --no-warm-up  plan with PlanOptions::warm_up off (to measure what the plan-time warm-up buys)\n"
     "run it in a fresh process: prints the time from process start (a steady clock read first thing in\n"
     "main(), and the kernel's process start time from /proc/self/stat) to the first layer output,\n"
     "excluding weight and input generation, then per T the first call against the steady state. The\n"
@@ -90,8 +91,9 @@ int run_coldstart(const std::vector<std::string>& args) {
   std::string preset_name;
   MoeSpec spec;
   std::vector<int> token_counts;
+  bool warm_up = true;
   try {
-    const ParsedOptions parsed = parse_options(args, {"--model", "--dtype", "--tokens"});
+    const ParsedOptions parsed = parse_options(args, {"--model", "--dtype", "--tokens"}, {"--no-warm-up"});
     if (parsed.help) {
       std::cout << kColdstartUsage << kDtypeHelp;
       return 0;
@@ -101,6 +103,7 @@ int run_coldstart(const std::vector<std::string>& args) {
     spec = parse_preset(preset_name);
     apply_dtype(parsed.get("--dtype", "bf16"), spec);
     token_counts = parse_token_list(parsed.get("--tokens", kDefaultTokens));
+    warm_up = !parsed.flag("--no-warm-up");
   } catch (const UsageError& error) {
     return usage_error("coldstart", error.what(), kColdstartUsage);
   }
@@ -118,6 +121,7 @@ int run_coldstart(const std::vector<std::string>& args) {
 
     PlanOptions plan_options;
     plan_options.max_tokens = *std::max_element(token_counts.begin(), token_counts.end());
+    plan_options.warm_up = warm_up;
     const MoeRunner runner(spec, plan_options);
     testkit::DeviceBuffer workspace(runner.workspace_bytes());
     testkit::DeviceBuffer out(static_cast<std::size_t>(plan_options.max_tokens) * spec.hidden * 2);
@@ -193,9 +197,9 @@ int run_coldstart(const std::vector<std::string>& args) {
     const double inputs_ms = ms_between(planned, inputs_ready);
     const double cold_ms = ms_between(entry, first_output) - weights_ms - inputs_ms;
     std::printf("device: %s\n", testkit::describe(testkit::current_device_info()).c_str());
-    std::printf("layer: %s %s E=%d k=%d H=%d I=%d; runner planned once for max_tokens=%d\n", preset_name.c_str(),
-                dtype_name(spec).c_str(), spec.num_experts, spec.top_k, spec.hidden, spec.intermediate,
-                plan_options.max_tokens);
+    std::printf("layer: %s %s E=%d k=%d H=%d I=%d; runner planned once for max_tokens=%d, warm-up %s\n",
+                preset_name.c_str(), dtype_name(spec).c_str(), spec.num_experts, spec.top_k, spec.hidden,
+                spec.intermediate, plan_options.max_tokens, warm_up ? "on" : "off");
     if (age_at_entry_ms >= 0)
       std::printf("process start -> main(): %.0f ms (/proc/self/stat, 10 ms ticks)\n", age_at_entry_ms);
     std::printf("main() -> CUDA context: %.1f ms; weights generated %.1f ms (excluded); plan + workspace %.2f ms; "
@@ -216,10 +220,10 @@ int run_coldstart(const std::vector<std::string>& args) {
                   call.first_host_us, call.isolated_us, ratio, ratio <= kFirstCallBudget ? "PASS" : "FAIL",
                   call.pipelined_us, pipelined_ratio, plan_summary(call.plan).c_str(), call.plan.source.c_str());
     }
-    std::printf("coldstart: model=%s dtype=%s cold_ms=%.1f exec_to_main_ms=%.0f worst_first_call_ratio=%.2f "
-                "(vs pipelined %.2f)\n",
-                preset_name.c_str(), dtype_name(spec).c_str(), cold_ms, age_at_entry_ms, worst_ratio,
-                worst_pipelined_ratio);
+    std::printf("coldstart: model=%s dtype=%s warm_up=%d cold_ms=%.1f exec_to_main_ms=%.0f "
+                "worst_first_call_ratio=%.2f (vs pipelined %.2f)\n",
+                preset_name.c_str(), dtype_name(spec).c_str(), warm_up ? 1 : 0, cold_ms, age_at_entry_ms,
+                worst_ratio, worst_pipelined_ratio);
     return 0;
   } catch (const std::exception& error) {
     std::cerr << "hmoe coldstart: error: " << error.what() << "\n";

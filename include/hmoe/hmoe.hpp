@@ -151,6 +151,14 @@ struct PlanOptions {
   // A copy of the runner shares its graphs. Launches of one graph are ordered behind each other,
   // also across streams.
   bool replay_graphs = false;
+  // Run one empty layer (T = 1, every top-k id out of range, so no expert is computed and no
+  // weight is read) at plan time on a private stream, with its own small stream-ordered scratch
+  // allocations, and wait for it (about 8 ms of plan time). A process's first enqueue of the
+  // layer's kernels costs 15–40 µs more CPU time than later ones; measured on H200 (docs/PERF.md,
+  // "First call v3"), this brings the process's first call at T = 1 from 1.31–2.02× its steady
+  // state to 1.24–1.51× (not all of it: see there). Off: the constructor touches no device memory
+  // and launches nothing.
+  bool warm_up = true;
   // Internal (`hmoe bench --skip`): leave these stages (StageBit) out of every run, to attribute a
   // layer's time to its stages. The output is then WRONG; every stage a skipped one would have fed
   // reads what the last full run left in the workspace, so run the layer once without skipping on
@@ -219,6 +227,7 @@ class MoeRunner {
  private:
   void check_args(const RunArgs& args) const;
   void prepare_kernels() const;
+  void warm_up() const;
   void run_experts(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights, int num_sms,
                    cudaStream_t stream) const;
   bool skips(StageBit stage) const { return (options_.skip_stages & stage) != 0; }

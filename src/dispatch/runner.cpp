@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "combine/combine.hpp"
 #include "common/arguments.hpp"
@@ -109,6 +110,7 @@ MoeRunner::MoeRunner(const MoeSpec& spec, const PlanOptions& options) : spec_(sp
   if (!dispatch::current_device_name().empty()) {
     prepare_kernels();
     num_sms_ = device_sm_count();   // one query at plan time instead of two per run
+    if (options.warm_up) warm_up();
   }
 }
 
@@ -122,6 +124,98 @@ void MoeRunner::prepare_kernels() const {
   combine::prepare();
   gemm::prepare_tensor_maps();
   for (const gemm::GemmVariant& variant : gemm::gemm_variants()) variant.prepare();
+}
+
+namespace {
+
+// Stream-ordered scratch of the plan-time warm-up, freed on its stream (no device-wide sync).
+class ScratchStream {
+ public:
+  ScratchStream() { HMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  ScratchStream(const ScratchStream&) = delete;
+  ScratchStream& operator=(const ScratchStream&) = delete;
+  ~ScratchStream() {
+    for (void* pointer : allocations_) (void)cudaFreeAsync(pointer, stream_);
+    (void)cudaStreamSynchronize(stream_);
+    (void)cudaStreamDestroy(stream_);
+  }
+  cudaStream_t get() const { return stream_; }
+  // Zeroed device bytes, 256-byte aligned.
+  void* zeroed(std::size_t bytes) {
+    void* pointer = nullptr;
+    HMOE_CUDA_CHECK(cudaMallocAsync(&pointer, std::max<std::size_t>(bytes, 256), stream_));
+    allocations_.push_back(pointer);
+    HMOE_CUDA_CHECK(cudaMemsetAsync(pointer, 0, std::max<std::size_t>(bytes, 256), stream_));
+    return pointer;
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  std::vector<void*> allocations_;
+};
+
+// Restores the thread's stream-capture mode on exit.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { HMOE_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode_)); }
+  ~RelaxedCaptureMode() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+}  // namespace
+
+// NOTE: the layer at T = 1 with every top-k id out of range launches the kernels a T = 1 run
+// launches (routing, permute, the FP8 quantisations, both GEMMs, combine), but the work list is
+// empty, so the GEMMs load no tile: the weight pointers only have to be valid for TMA descriptor
+// encoding, and point at a small scratch buffer. Relaxed capture mode: planning while this thread
+// captures a graph elsewhere must neither fail nor invalidate that capture.
+void MoeRunner::warm_up() const {
+  const RelaxedCaptureMode relaxed;
+  PlanOptions options = options_;
+  options.max_tokens = 1;
+  options.max_workspace_bytes = 0;
+  options.replay_graphs = false;
+  options.skip_stages = 0;
+  options.warm_up = false;
+  const MoeRunner runner(spec_, options);
+  ScratchStream scratch;
+  const std::size_t row_bytes = static_cast<std::size_t>(spec_.hidden) * 2;
+  const std::size_t slots = static_cast<std::size_t>(spec_.top_k);
+  RunArgs args;
+  args.num_tokens = 1;
+  args.x = scratch.zeroed(row_bytes);
+  args.out = scratch.zeroed(row_bytes);
+  args.workspace = scratch.zeroed(runner.workspace_bytes());
+  args.workspace_size = std::max<std::size_t>(runner.workspace_bytes(), 256);
+  void* no_weights = scratch.zeroed(256);
+  args.weights.w13 = no_weights;
+  args.weights.w2 = no_weights;
+  if (spec_.weight_dtype == WeightDType::kFP8E4M3) {
+    args.weights.w13_scale = static_cast<const float*>(scratch.zeroed(256));
+    args.weights.w2_scale = static_cast<const float*>(scratch.zeroed(256));
+  }
+  if (spec_.scheme == QuantScheme::kPerTensor && spec_.batch_invariant) {
+    // Batch-invariant fp8-tensor runs only with static scales (check_args); no row reads them here.
+    static const float kOnes[2] = {1.0f, 1.0f};
+    auto* scales = static_cast<float*>(scratch.zeroed(sizeof(kOnes)));
+    HMOE_CUDA_CHECK(cudaMemcpyAsync(scales, kOnes, sizeof(kOnes), cudaMemcpyHostToDevice, scratch.get()));
+    args.act_scale = scales;
+    args.intermediate_act_scale = scales + 1;
+  }
+  auto* topk_ids = static_cast<std::int32_t*>(scratch.zeroed(slots * 4));
+  auto* topk_weights = static_cast<float*>(scratch.zeroed(slots * 4));
+  HMOE_CUDA_CHECK(cudaMemsetAsync(topk_ids, 0xff, slots * 4, scratch.get()));   // id -1: out of range
+  // Routing alone (its ids would select real experts); then the experts with no valid id.
+  const dispatch::WorkspaceLayout layout = dispatch::workspace_layout(spec_, runner.chunk_tokens_);
+  routing::launch_topk(spec_, scratch.zeroed(spec_.num_experts * logits_element_bytes(spec_)), nullptr, 1,
+                       at<int>(args.workspace, layout.topk_ids), at<float>(args.workspace, layout.topk_weights),
+                       scratch.get());
+  runner.run_from_topk(args, topk_ids, topk_weights, scratch.get());
+  HMOE_CUDA_CHECK(cudaStreamSynchronize(scratch.get()));
 }
 
 std::size_t MoeRunner::graph_count() const { return graphs_ != nullptr ? graphs_->graphs() : 0; }

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <iostream>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "gpu_test_support.hpp"
@@ -236,6 +238,57 @@ TEST(RunnerContract, SkippedStagesLaunchNothingAndReuseTheWorkspace) {
             << "T=" << num_tokens << ": skipping the GEMMs did not reuse the full run's rows";
       }
     }
+  }
+}
+
+// PlanOptions::warm_up (on by default) runs one empty layer while planning, on its own stream with
+// its own scratch. It must not break a capture the caller has in progress (global mode, the
+// strictest), and must give its scratch back: 20 plans may not cost device memory.
+TEST(RunnerContract, PlanTimeWarmUpLeavesCapturesAndMemoryAlone) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  struct Case { const char* preset_name; WeightDType dtype; QuantScheme scheme; bool batch_invariant; };
+  for (const Case& c : {Case{"qwen3-30b-a3b", WeightDType::kBF16, QuantScheme::kNone, false},
+                        Case{"deepseek-v3-tp8", WeightDType::kFP8E4M3, QuantScheme::kBlock128, false},
+                        Case{"qwen3-30b-a3b", WeightDType::kFP8E4M3, QuantScheme::kPerTensor, true}}) {
+    MoeSpec spec = preset(c.preset_name);
+    spec.weight_dtype = c.dtype;
+    spec.scheme = c.scheme;
+    spec.batch_invariant = c.batch_invariant;
+    const std::string what = std::string(c.preset_name) + " " + to_string(c.scheme);
+    const PlanOptions options{64};
+    { const MoeRunner first(spec, options); }   // loads the modules (not what is measured)
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::size_t free_before = 0, free_after = 0, total = 0;
+    ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+    for (int plan = 0; plan < 20; ++plan) {
+      const MoeRunner runner(spec, options);
+      EXPECT_GT(runner.workspace_bytes(), 0u);
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+    EXPECT_LE(static_cast<long long>(free_before) - static_cast<long long>(free_after), 2LL << 20)
+        << what << ": 20 plans kept device memory";
+
+    const testkit::Stream stream;
+    const DeviceBuffer marker(256);
+    ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(marker.get(), 0, 256, stream.get()), cudaSuccess);
+    std::string error;
+    try {
+      const MoeRunner runner(spec, options);
+    } catch (const std::exception& exception) {
+      error = exception.what();
+    }
+    cudaGraph_t graph = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess) << what << ": planning broke the capture";
+    EXPECT_EQ(error, "") << what << ": planning during a capture threw";
+    if (graph != nullptr) {
+      std::size_t nodes = 0;
+      EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
+      EXPECT_EQ(nodes, 1u) << what << ": the warm-up leaked into the caller's capture";
+      cudaGraphDestroy(graph);
+    }
+    (void)cudaGetLastError();
   }
 }
 
