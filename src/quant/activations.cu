@@ -1,5 +1,9 @@
-// FP8 activation quantisation: one block per row, 4 elements per thread per step (8-byte bf16
-// loads, 4-byte e4m3 stores); a 1×128 group is exactly one warp's step.
+// FP8 activation quantisation: 4 elements per thread per step (8-byte bf16 loads, 4-byte e4m3
+// stores). 1×128 groups: a group is exactly one warp's step, each warp takes kGroupsPerWarp
+// consecutive groups with their loads issued together, and a row spans as many blocks as it needs
+// (blockIdx.y). Per-row and per-tensor scales: one block per row.
+// NOTE: a row walked by one block in dependent steps made T = 1 latency-bound: deepseek-v3's x
+// (8 rows of 7168, 14 steps per warp) took 10.2 µs, measured on H200 (docs/PERF.md, "Decode chain v1").
 #include "quant/activations.hpp"
 
 #include <cuda_bf16.h>
@@ -16,6 +20,8 @@ enum class Granularity { kGroup128, kRow, kTensor };
 
 constexpr int kThreads = 128;
 constexpr int kGroup = 128;
+constexpr int kGroupsPerWarp = 4;
+constexpr int kGroupsPerBlock = kGroupsPerWarp * kThreads / 32;
 
 struct Four {
   float v[4];
@@ -68,17 +74,23 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(
   std::uint8_t* out = values + static_cast<long long>(row) * cols;
   if constexpr (kGranularity == Granularity::kGroup128) {
     const int groups = cols / kGroup, lane = threadIdx.x % 32;
-    for (int group = threadIdx.x / 32; group < groups; group += kThreads / 32) {
-      const int column = group * kGroup + 4 * lane;
-      const Four four = load_four(in + column);
-      const float scale = fp8_scale(warp_max(max_abs(four)), ue8m0);
-      store_four(out + column, four, scale);
-      if (lane == 0) scales[static_cast<long long>(row) * groups + group] = scale;
+    const int first = blockIdx.y * kGroupsPerBlock + (threadIdx.x / 32) * kGroupsPerWarp;
+    Four four[kGroupsPerWarp];
+    #pragma unroll
+    for (int g = 0; g < kGroupsPerWarp; ++g)
+      if (first + g < groups) four[g] = load_four(in + (first + g) * kGroup + 4 * lane);
+    #pragma unroll
+    for (int g = 0; g < kGroupsPerWarp; ++g) {
+      if (first + g >= groups) break;   // warp-uniform: the shuffles below see the whole warp
+      const float scale = fp8_scale(warp_max(max_abs(four[g])), ue8m0);
+      store_four(out + (first + g) * kGroup + 4 * lane, four[g], scale);
+      if (lane == 0) scales[static_cast<long long>(row) * groups + first + g] = scale;
     }
   } else {
     float scale;
     if constexpr (kGranularity == Granularity::kRow) {
       float amax = 0.0f;
+      #pragma unroll 4
       for (int column = 4 * threadIdx.x; column < cols; column += 4 * kThreads) amax = fmaxf(amax, max_abs(load_four(in + column)));
       scale = fp8_scale(block_max(amax), ue8m0);
       if (threadIdx.x == 0) scales[row] = scale;
@@ -86,6 +98,7 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(
       scale = static_scale != nullptr ? *static_scale : fp8_scale(scales[1], ue8m0);
       if (row == 0 && threadIdx.x == 0) scales[0] = scale;
     }
+    #pragma unroll 4
     for (int column = 4 * threadIdx.x; column < cols; column += 4 * kThreads) store_four(out + column, load_four(in + column), scale);
   }
 }
@@ -114,7 +127,8 @@ void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const
   const bool ue8m0 = spec.ue8m0_scales;
   switch (spec.scheme) {
     case QuantScheme::kBlock128:
-      quantize_rows_kernel<Granularity::kGroup128><<<rows.max_rows, kThreads, 0, stream>>>(
+      quantize_rows_kernel<Granularity::kGroup128>
+          <<<dim3(rows.max_rows, (rows.cols / kGroup + kGroupsPerBlock - 1) / kGroupsPerBlock), kThreads, 0, stream>>>(
           source, rows.source_row, rows.num_rows, rows.cols, ue8m0, nullptr, out, scales);
       break;
     case QuantScheme::kPerChannelPerToken:
