@@ -5,7 +5,7 @@
 # Environment (to split the work over device calls): HMOE_GTEST_FILTER (default: every GPU test),
 # HMOE_CHECK_DTYPES (default "bf16 fp8-tensor fp8-channel fp8-block"), HMOE_BENCH_DTYPES (default
 # "bf16 fp8-block"), HMOE_CHECK_TOKENS (default 1,7,64,1000,8192), HMOE_SKIP (space-separated:
-# tests check bench attrib), HMOE_ATTRIB (stage attribution, see the last step), HMOE_BUDGET_S (default 540: every step's timeout is cut to what is left of it,
+# tests check bench coldstart attrib), HMOE_ATTRIB (stage attribution, see the last step), HMOE_BUDGET_S (default 540: every step's timeout is cut to what is left of it,
 # later steps are skipped and said so). The summary and a tarball of every log (device-check-logs.tgz)
 # are written on any exit, so a device call that runs out of time still returns them.
 set -uo pipefail
@@ -109,6 +109,17 @@ if [[ $skip != *" bench "* ]] && [ "$(limit 30)" -ge 25 ]; then
   floor=$(echo "$host" | awk '/^floor on this host/ {print $5}')
   row=$(echo "$host" | awk '$1 == "1" {print "eager " $2 " us, replayed " $4 " us, graph launch " $5 " us, " $6 " kernels"}')
   note "host T=1   | ${row:-?}; empty launch ${floor:-?} us"
+fi
+
+# ---- First call vs steady state in a fresh process (issue #5's ≤ 1.2×), one bf16 and one FP8 layer.
+if [[ $skip != *" coldstart "* ]]; then
+  for item in qwen3-30b-a3b:bf16 deepseek-v3-tp8:fp8-block; do
+    IFS=: read -r preset dtype <<<"$item"
+    [ "$(limit 30)" -lt 25 ] && { note "coldstart $item | skipped: the time budget is spent"; continue; }
+    line=$(timeout "$(limit 30)" "$bin/hmoe" coldstart --model "$preset" --dtype "$dtype" 2>&1 | tee -a "$out/coldstart.log" |
+             awk '/^coldstart:/ {for (i = 2; i <= NF; ++i) if ($i ~ /^(cold_ms|worst_first_call_ratio)=/) printf "%s ", $i}')
+    note "coldstart $item | ${line:-? }(T=1,3,17,100,777,5000,12345; first call <= 1.2x isolated steady)"
+  done
 fi
 
 # ---- Stage attribution (hmoe bench --skip): the whole layer minus each stage, at decode sizes.
