@@ -151,13 +151,14 @@ struct PlanOptions {
   // A copy of the runner shares its graphs. Launches of one graph are ordered behind each other,
   // also across streams.
   bool replay_graphs = false;
-  // Run one empty layer (T = 1, every top-k id out of range, so no expert is computed and no
-  // weight is read) at plan time on a private stream, with its own small stream-ordered scratch
-  // allocations, and wait for it (about 8 ms of plan time). A process's first enqueue of the
-  // layer's kernels costs 15–40 µs more CPU time than later ones; measured on H200 (docs/PERF.md,
-  // "First call v3"), this brings the process's first call at T = 1 from 1.31–2.02× its steady
-  // state to 1.24–1.51× (not all of it: see there). Off: the constructor touches no device memory
-  // and launches nothing.
+  // Run one token through a small copy of the layer (H = I = 128, same E, k, routing and scheme,
+  // the GEMM variants this layer's T = 1 plan runs, one real token tile, zero weights) at plan
+  // time on a private stream, with its own stream-ordered scratch (up to ~24 MB, freed before the
+  // constructor returns), and wait for it (milliseconds of plan time). A process's first call of
+  // the layer's kernels costs more than later ones, on the CPU and on the GPU; measured on H200
+  // (docs/PERF.md, "First call v4"), this brings the process's first call at T = 1 to
+  // 1.18–1.34× its steady state (1.34–1.52× with an empty layer, 1.31–2.02× with none). Off: the
+  // constructor touches no device memory and launches nothing.
   bool warm_up = true;
   // Internal (`hmoe bench --skip`): leave these stages (StageBit) out of every run, to attribute a
   // layer's time to its stages. The output is then WRONG; every stage a skipped one would have fed

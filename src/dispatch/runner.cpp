@@ -168,38 +168,46 @@ class RelaxedCaptureMode {
 
 }  // namespace
 
-// NOTE: the layer at T = 1 with every top-k id out of range launches the kernels a T = 1 run
-// launches (routing, permute, the FP8 quantisations, both GEMMs, combine), but the work list is
-// empty, so the GEMMs load no tile: the weight pointers only have to be valid for TMA descriptor
-// encoding, and point at a small scratch buffer. Relaxed capture mode: planning while this thread
-// captures a graph elsewhere must neither fail nor invalidate that capture.
+// NOTE: a small copy of the layer (H = I = kWarmUpWidth, same E, k, routing and scheme) that runs
+// the GEMM variants this layer's T = 1 plan runs, with one real token tile: slot 0 of the one token
+// goes to expert 0, the other slots are out of range. An empty layer (every id out of range)
+// removed only the CPU part of the first call's extra on H200; a run with real tiles just before
+// removed nearly all of it (docs/PERF.md, "First call v3"). Scratch: E small experts of zeros
+// (deepseek-v3, E = 256, bf16: 24 MB), stream-ordered and freed before returning. Relaxed capture
+// mode: planning while this thread captures a graph elsewhere must neither fail nor invalidate it.
 void MoeRunner::warm_up() const {
+  constexpr int kWarmUpWidth = 128;   // a multiple of every variant's K step and of the FP8 blocks
   const RelaxedCaptureMode relaxed;
+  const dispatch::Plan plan = dispatch::plan_for(spec_, 1, options_.orientation, overrides_.get());
+  MoeSpec small = spec_;
+  small.hidden = kWarmUpWidth;
+  small.intermediate = kWarmUpWidth;
   PlanOptions options = options_;
   options.max_tokens = 1;
   options.max_workspace_bytes = 0;
   options.replay_graphs = false;
   options.skip_stages = 0;
   options.warm_up = false;
-  const MoeRunner runner(spec_, options);
+  // Batch-invariant layers always run their one fixed variant (and may not force one).
+  if (!spec_.batch_invariant) options.force_variant = std::string(plan.gemm1->name) + "+" + plan.gemm2->name;
+  const MoeRunner runner(small, options);
   ScratchStream scratch;
-  const std::size_t row_bytes = static_cast<std::size_t>(spec_.hidden) * 2;
-  const std::size_t slots = static_cast<std::size_t>(spec_.top_k);
+  const std::size_t row_bytes = static_cast<std::size_t>(small.hidden) * 2;
+  const std::size_t slots = static_cast<std::size_t>(small.top_k);
   RunArgs args;
   args.num_tokens = 1;
   args.x = scratch.zeroed(row_bytes);
   args.out = scratch.zeroed(row_bytes);
   args.workspace = scratch.zeroed(runner.workspace_bytes());
   args.workspace_size = std::max<std::size_t>(runner.workspace_bytes(), 256);
-  void* no_weights = scratch.zeroed(256);
-  args.weights.w13 = no_weights;
-  args.weights.w2 = no_weights;
-  if (spec_.weight_dtype == WeightDType::kFP8E4M3) {
-    args.weights.w13_scale = static_cast<const float*>(scratch.zeroed(256));
-    args.weights.w2_scale = static_cast<const float*>(scratch.zeroed(256));
+  args.weights.w13 = scratch.zeroed(prepared_w13_bytes(small));
+  args.weights.w2 = scratch.zeroed(prepared_w2_bytes(small));
+  if (small.weight_dtype == WeightDType::kFP8E4M3) {
+    args.weights.w13_scale = static_cast<const float*>(scratch.zeroed(weight_scale_count(small, WeightMatrix::kW13) * 4));
+    args.weights.w2_scale = static_cast<const float*>(scratch.zeroed(weight_scale_count(small, WeightMatrix::kW2) * 4));
   }
-  if (spec_.scheme == QuantScheme::kPerTensor && spec_.batch_invariant) {
-    // Batch-invariant fp8-tensor runs only with static scales (check_args); no row reads them here.
+  if (small.scheme == QuantScheme::kPerTensor && small.batch_invariant) {
+    // Batch-invariant fp8-tensor runs only with static scales (check_args).
     static const float kOnes[2] = {1.0f, 1.0f};
     auto* scales = static_cast<float*>(scratch.zeroed(sizeof(kOnes)));
     HMOE_CUDA_CHECK(cudaMemcpyAsync(scales, kOnes, sizeof(kOnes), cudaMemcpyHostToDevice, scratch.get()));
@@ -209,9 +217,10 @@ void MoeRunner::warm_up() const {
   auto* topk_ids = static_cast<std::int32_t*>(scratch.zeroed(slots * 4));
   auto* topk_weights = static_cast<float*>(scratch.zeroed(slots * 4));
   HMOE_CUDA_CHECK(cudaMemsetAsync(topk_ids, 0xff, slots * 4, scratch.get()));   // id -1: out of range
-  // Routing alone (its ids would select real experts); then the experts with no valid id.
-  const dispatch::WorkspaceLayout layout = dispatch::workspace_layout(spec_, runner.chunk_tokens_);
-  routing::launch_topk(spec_, scratch.zeroed(spec_.num_experts * logits_element_bytes(spec_)), nullptr, 1,
+  HMOE_CUDA_CHECK(cudaMemsetAsync(topk_ids, 0, 4, scratch.get()));              // slot 0: expert 0
+  // Routing alone (its ids would select any expert); then the layer on the ids above.
+  const dispatch::WorkspaceLayout layout = dispatch::workspace_layout(small, runner.chunk_tokens_);
+  routing::launch_topk(small, scratch.zeroed(small.num_experts * logits_element_bytes(small)), nullptr, 1,
                        at<int>(args.workspace, layout.topk_ids), at<float>(args.workspace, layout.topk_weights),
                        scratch.get());
   runner.run_from_topk(args, topk_ids, topk_weights, scratch.get());
