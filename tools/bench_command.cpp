@@ -35,7 +35,8 @@ constexpr int kHostOverheadCalls = 2000;
 constexpr const char* kBenchUsage =
     "usage: hmoe bench (--model PRESET | --spec E,k,H,I) [--tokens T[,T...]] [--dtype DTYPE]\n"
     "                  [--routing uniform|zipf|extreme] [--orientation auto|normal|swap] [--seed N]\n"
-    "                  [--batch-invariant] [--peers cublas] [--e2e] [--json FILE] [--csv FILE]\n"
+    "                  [--batch-invariant] [--split-k auto|N] [--peers cublas] [--e2e] [--json FILE]\n"
+    "                  [--csv FILE]\n"
     "                  [--explain | --host-overhead | --skip STAGE[,STAGE...]]\n"
     "       hmoe bench --ceilings [--json FILE]\n"
     "  --model        a preset of DESIGN.md §3 (hmoe info lists them)\n"
@@ -48,6 +49,9 @@ constexpr const char* kBenchUsage =
     "  --seed         seed of weights and inputs (default 1)\n"
     "  --batch-invariant  plan with MoeSpec::batch_invariant (one fixed variant for every T), to measure\n"
     "                 what batch invariance costs\n"
+    "  --split-k      ways the Swap-AB GEMMs split K over CTAs: auto (default, hmoe's rule at decode\n"
+    "                 sizes), 1 (never) or N (wherever a Swap-AB variant runs, capped by K); the plan\n"
+    "                 column shows split-K G1/G2 when a GEMM splits\n"
     "  --peers        also time peers on the same card, shapes and expert load: cublas = per expert\n"
     "                 cublasGemmEx GEMM1, one SwiGLU kernel, per expert GEMM2, in a CUDA graph (GEMMs and\n"
     "                 activation only); prints its latency and the ratio hmoe/peer. PyTorch peers:\n"
@@ -158,7 +162,7 @@ BenchCommand parse_bench(const ParsedOptions& parsed) {
   command.json_path = parsed.get("--json", "");
   command.csv_path = parsed.get("--csv", "");
   if (command.mode == BenchMode::kCeilings) {
-    for (const char* option : {"--model", "--spec", "--tokens", "--routing", "--orientation", "--peers", "--csv"})
+    for (const char* option : {"--model", "--spec", "--tokens", "--routing", "--orientation", "--peers", "--csv", "--split-k"})
       if (parsed.has(option)) throw UsageError(std::string("--ceilings takes no ") + option);
     for (const char* flag : {"--e2e", "--batch-invariant"})
       if (parsed.flag(flag)) throw UsageError(std::string("--ceilings takes no ") + flag);
@@ -183,6 +187,9 @@ BenchCommand parse_bench(const ParsedOptions& parsed) {
   command.options.orientation = parse_orientation(parsed.get("--orientation", "auto"));
   command.options.seed = parse_seed(parsed.get("--seed", "1"));
   command.spec.batch_invariant = parsed.flag("--batch-invariant");
+  command.options.split_k = parse_split_k(parsed.get("--split-k", "auto"));
+  if (command.spec.batch_invariant && command.options.split_k > 1)
+    throw UsageError("--batch-invariant layers never split K: --split-k must be auto or 1");
   if (command.spec.batch_invariant && command.options.orientation == Orientation::kSwapAB)
     throw UsageError("--batch-invariant runs the normal orientation: --orientation must be auto or normal");
   command.cublas_peer = parse_peers(parsed.get("--peers", "none"));
@@ -441,6 +448,7 @@ int explain(const BenchCommand& command) {
     PlanOptions plan_options;
     plan_options.max_tokens = num_tokens;
     plan_options.orientation = command.options.orientation;
+    plan_options.split_k = command.options.split_k;
     const PlanInfo plan = MoeRunner(command.spec, plan_options).plan_info(num_tokens);
     std::printf("%6d %12.2f  %-20s %-28s %-28s %s\n", num_tokens,
                 static_cast<double>(num_tokens) * command.spec.top_k / command.spec.num_experts,
@@ -486,7 +494,7 @@ int run_bench(const std::vector<std::string>& args) {
     const ParsedOptions parsed = parse_options(
         args,
         {"--model", "--spec", "--tokens", "--dtype", "--routing", "--orientation", "--seed", "--peers", "--json",
-         "--csv", "--skip"},
+         "--csv", "--skip", "--split-k"},
         {"--explain", "--host-overhead", "--ceilings", "--batch-invariant", "--e2e"});
     if (parsed.help) {
       std::cout << kBenchUsage;

@@ -14,7 +14,7 @@ namespace {
 constexpr const char* kCheckUsage =
     "usage: hmoe check --model PRESET [--tokens T[,T...]] [--dtype DTYPE] [--routing uniform|zipf|extreme]\n"
     "                  [--entry logits|topk] [--orientation auto|normal|swap] [--seed N] [--ref-tokens N]\n"
-    "                  [--static-scales] [--ue8m0]\n"
+    "                  [--static-scales] [--ue8m0] [--split-k auto|N]\n"
     "  --model        a preset of DESIGN.md §3 (hmoe info lists them)\n"
     "  --tokens       token counts to check, comma separated (default 1,7,64,1000)\n"
     "  --dtype        bf16 (default), fp8-tensor, fp8-channel or fp8-block (see hmoe bench --help)\n"
@@ -26,6 +26,8 @@ constexpr const char* kCheckUsage =
     "                 first and last token (default 256); unwritten outputs are counted over all tokens\n"
     "  --static-scales  fp8-tensor: static activation scales (vLLM a1_scale/a2_scale) instead of dynamic\n"
     "  --ue8m0        FP8: power-of-two (UE8M0) scales for weights and activations\n"
+    "  --split-k      ways the Swap-AB GEMMs split K over CTAs: auto (default, hmoe's rule at decode\n"
+    "                 sizes), 1 (never) or N (wherever a Swap-AB variant runs, capped by K)\n"
     "FP8 lines also give the error vs the unquantised bf16 layer (rel_err_bf16), for information\n"
     "prints one line per token count; exit 0 iff all pass, 1 if any fails or no Hopper GPU, 2 on bad usage\n";
 
@@ -55,6 +57,7 @@ CheckCommand parse_check(const ParsedOptions& parsed) {
   command.options.orientation = parse_orientation(parsed.get("--orientation", "auto"));
   command.options.seed = parse_seed(parsed.get("--seed", "1"));
   command.options.max_reference_tokens = parse_positive_int("--ref-tokens", parsed.get("--ref-tokens", "256"));
+  command.options.split_k = parse_split_k(parsed.get("--split-k", "auto"));
   return command;
 }
 
@@ -85,7 +88,8 @@ int run_check(const std::vector<std::string>& args) {
   CheckCommand command;
   try {
     const ParsedOptions parsed = parse_options(
-        args, {"--model", "--tokens", "--dtype", "--routing", "--entry", "--orientation", "--seed", "--ref-tokens"},
+        args, {"--model", "--tokens", "--dtype", "--routing", "--entry", "--orientation", "--seed", "--ref-tokens",
+               "--split-k"},
         {"--static-scales", "--ue8m0"});
     if (parsed.help) {
       std::cout << kCheckUsage;

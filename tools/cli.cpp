@@ -94,6 +94,14 @@ Orientation parse_orientation(const std::string& text) {
   throw UsageError("--orientation '" + text + "': expected auto, normal or swap");
 }
 
+int parse_split_k(const std::string& text) {
+  if (text == "auto") return 0;
+  long long value = 0;
+  if (!parse_int(text, &value) || value < 1 || value > 64)
+    throw UsageError("--split-k '" + text + "': expected auto or a count 1..64 (1: never split K)");
+  return static_cast<int>(value);
+}
+
 testkit::RoutingMode parse_routing(const std::string& text) {
   if (const auto mode = testkit::parse_routing_mode(text)) return *mode;
   throw UsageError("--routing '" + text + "': expected uniform, zipf or extreme");
@@ -129,7 +137,11 @@ void apply_dtype(const std::string& dtype, MoeSpec& spec) {
 }
 
 std::string plan_summary(const PlanInfo& plan) {
-  return to_string(plan.orientation) + " " + std::to_string(plan.weight_tile) + "x" + std::to_string(plan.token_tile);
+  std::string summary =
+      to_string(plan.orientation) + " " + std::to_string(plan.weight_tile) + "x" + std::to_string(plan.token_tile);
+  if (plan.gemm1_splits > 1 || plan.gemm2_splits > 1)
+    summary += " split-K " + std::to_string(plan.gemm1_splits) + "/" + std::to_string(plan.gemm2_splits);
+  return summary;
 }
 
 int usage_error(const std::string& command, const std::string& message, const char* usage) {

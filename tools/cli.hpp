@@ -46,6 +46,8 @@ std::vector<int> parse_token_list(const std::string& text);
 int parse_positive_int(const std::string& option, const std::string& text);
 std::uint64_t parse_seed(const std::string& text);
 Orientation parse_orientation(const std::string& text);
+// --split-k: "auto" (0, hmoe's rule) or a count >= 1 (1: never split).
+int parse_split_k(const std::string& text);
 testkit::RoutingMode parse_routing(const std::string& text);
 testkit::Entry parse_entry_option(const std::string& text);
 // --dtype bf16 | fp8-tensor | fp8-channel | fp8-block: sets spec's weight dtype and scheme; a

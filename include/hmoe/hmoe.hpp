@@ -165,6 +165,11 @@ struct PlanOptions {
   // reads what the last full run left in the workspace, so run the layer once without skipping on
   // the same workspace and T first (the bench does) or the skipped stages' inputs are garbage.
   std::uint32_t skip_stages = 0;
+  // Internal (`hmoe bench/check --split-k`, tests): how many ways the Swap-AB GEMMs split K over
+  // CTAs at decode sizes (docs/DISPATCH.md, "Split along K"). 0: hmoe's rule; 1: never; n > 1: n
+  // ways wherever a Swap-AB variant runs, capped by K (8+ K blocks a split) and the workspace.
+  // Batch-invariant layers never split (the sum order would depend on T).
+  int split_k = 0;
 };
 
 struct RunArgs {
@@ -193,6 +198,8 @@ struct PlanInfo {
   std::string gemm1_kernel;
   std::string gemm2_kernel;
   int num_chunks = 1;                    // runs of at most MoeRunner::chunk_tokens() tokens each
+  int gemm1_splits = 1;                  // ways GEMM1 splits K over CTAs (1: not split)
+  int gemm2_splits = 1;                  // the same for GEMM2
   // Who chose the variant: "analytic", "tuned:<table file>", "forced" or "batch-invariant".
   std::string source;
 };

@@ -133,8 +133,41 @@ WorkspaceLayout workspace_layout(const MoeSpec& spec, int max_tokens) {
     layout.intermediate_fp8 = region(entries * spec.intermediate);
     layout.intermediate_scales = region(scale_floats(spec.intermediate) * 4);
   }
+  if (!spec.batch_invariant) {
+    layout.split_partials = region(static_cast<std::size_t>(gemm::kSplitPartialFloats) * 4);
+    layout.split_counters = region(static_cast<std::size_t>(gemm::kSplitCounters) * 4);
+  }
   layout.total = offset;
   return layout;
+}
+
+int choose_splits(const gemm::GemmVariant& variant, long long output_tiles, int k, int num_sms, int requested) {
+  // Splits along K shorter than this many K blocks (stages) would leave the pipeline half-filled.
+  constexpr int kMinSplitKBlocks = 8;
+  constexpr int kMaxSplits = 8;
+  if (requested == 1 || !variant.split_k || output_tiles <= 0 || output_tiles > gemm::kSplitCounters) return 1;
+  const int k_step = variant.quant == gemm::QuantKind::kNone ? 64 : 128;   // K per stage (GemmConfig::kBlockK)
+  const long long tile_floats = static_cast<long long>(variant.token_tile) * variant.weight_tile;
+  const long long fit = gemm::kSplitPartialFloats / (output_tiles * tile_floats);
+  const int most = static_cast<int>(std::min<long long>({kMaxSplits, (k + k_step - 1) / k_step / kMinSplitKBlocks, fit}));
+  if (most < 2) return 1;
+  if (requested > 1) return std::min(requested, most);
+  // NOTE: at decode a GEMM streams weights, and one SM's share of the stream is what limits it
+  // (deepseek-v3's GEMM1 at T = 1: 64 tiles on 64 of 132 SMs, 18.3 µs for a 6.3 µs floor, H200).
+  // So split only while the tiles leave SMs idle: measured on H200 at T = 1 (docs/PERF.md, "Split
+  // along K"), deepseek-v3 64 tiles → 2 splits −3.2 µs (fp8-block) and −6.0 µs (bf16),
+  // qwen3-235b 96 tiles → 4 splits −3.0 µs, but qwen3-30b's 192 tiles (1.45 waves) → 2 splits
+  // +2.0 µs. With S splits the busiest SM streams ⌈tiles·S / SMs⌉ items of 1/S of K each: take
+  // the smallest S that minimises that, and only when it saves at least 10% (each split adds a
+  // partial's round trip through L2 and the last CTA's sum).
+  if (num_sms <= 0 || output_tiles >= num_sms) return 1;
+  const auto cost = [&](int splits) {
+    return static_cast<double>((output_tiles * splits + num_sms - 1) / num_sms) / splits;
+  };
+  int best = 1;
+  for (int splits = 2; splits <= most; ++splits)
+    if (cost(splits) < cost(best)) best = splits;
+  return cost(best) <= 0.9 * cost(1) ? best : 1;
 }
 
 int chunk_tokens(const MoeSpec& spec, int max_tokens, std::size_t max_workspace_bytes) {

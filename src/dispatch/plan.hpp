@@ -54,6 +54,11 @@ struct WorkspaceLayout {
   std::size_t x_scales = 0;
   std::size_t intermediate_fp8 = 0;       // [T·k, I] e4m3
   std::size_t intermediate_scales = 0;
+  // The split along K (choose_splits), not in batch-invariant layers: fp32 partial sums
+  // [gemm::kSplitPartialFloats] and per-output-tile arrival counters [gemm::kSplitCounters] (zeroed
+  // by the permute stage, left zero by the GEMMs).
+  std::size_t split_partials = 0;
+  std::size_t split_counters = 0;
   std::size_t total = 0;
 };
 
@@ -65,6 +70,11 @@ inline constexpr long long kMaxInGemmGatherRows = 512;
 inline constexpr int kMinTokenTile = 8;
 
 WorkspaceLayout workspace_layout(const MoeSpec& spec, int max_tokens);
+
+// How many ways one GEMM launch of `variant` splits K (1: none). output_tiles: the launch's upper
+// bound of (token tile × weight tile) items; k: its K; requested: PlanOptions::split_k (0 = this
+// rule, n ≥ 1 = n ways, capped by what the variant, K and the workspace allow).
+int choose_splits(const gemm::GemmVariant& variant, long long output_tiles, int k, int num_sms, int requested);
 
 // Tokens per chunk under a workspace cap: max_tokens when its layout fits (or the cap is 0), else
 // the largest count whose layout fits. Throws hmoe::Error naming max_workspace_bytes when not

@@ -87,6 +87,15 @@ std::size_t logits_element_bytes(const MoeSpec& spec) {
   return spec.routing.logits_dtype == LogitsDType::kBFloat16 ? 2 : 4;
 }
 
+// Ways one GEMM of a run with `entries` (token, slot) pairs splits K (dispatch::choose_splits).
+int gemm_splits(const MoeSpec& spec, const PlanOptions& options, const dispatch::Plan& plan,
+                const gemm::GemmVariant& variant, long long entries, int weight_rows, int k, int num_sms) {
+  if (spec.batch_invariant) return 1;   // its workspace has no split region
+  const long long output_tiles = static_cast<long long>(max_token_tiles(entries, spec.num_experts, plan.token_tile)) *
+                                 ((weight_rows + variant.weight_tile - 1) / variant.weight_tile);
+  return dispatch::choose_splits(variant, output_tiles, k, num_sms, options.split_k);
+}
+
 }  // namespace
 
 MoeRunner::MoeRunner(const MoeSpec& spec, const PlanOptions& options) : spec_(spec), options_(options) {
@@ -98,6 +107,12 @@ MoeRunner::MoeRunner(const MoeSpec& spec, const PlanOptions& options) : spec_(sp
   if (orientation < static_cast<int>(Orientation::kAuto) || orientation > static_cast<int>(Orientation::kSwapAB))
     throw Error("hmoe: invalid PlanOptions.orientation = " + std::to_string(orientation) +
                 ": expected 0 (auto), 1 (normal) or 2 (swap)");
+  if (options.split_k < 0)
+    throw Error("hmoe: invalid PlanOptions.split_k = " + std::to_string(options.split_k) +
+                ": expected 0 (hmoe's rule), 1 (never split) or the number of splits");
+  if (spec_.batch_invariant && options.split_k > 1)
+    throw Error("hmoe: invalid PlanOptions.split_k = " + std::to_string(options.split_k) +
+                " with MoeSpec.batch_invariant: expected 0 or 1 (batch-invariant layers never split K)");
   if (spec_.batch_invariant && options.orientation == Orientation::kSwapAB)
     throw Error("hmoe: invalid PlanOptions.orientation = swap with MoeSpec.batch_invariant: expected auto or normal "
                 "(batch-invariant mode always runs the normal orientation)");
@@ -241,6 +256,10 @@ PlanInfo MoeRunner::plan_info(int num_tokens) const {
   info.gemm2_kernel = plan.gemm2->name;
   info.num_chunks = static_cast<int>((static_cast<long long>(tokens) + chunk_tokens_ - 1) / chunk_tokens_);
   info.source = plan.source;
+  const long long entries = static_cast<long long>(std::min(tokens, chunk_tokens_)) * spec_.top_k;
+  info.gemm1_splits =
+      gemm_splits(spec_, options_, plan, *plan.gemm1, entries, 2 * spec_.intermediate, spec_.hidden, num_sms_);
+  info.gemm2_splits = gemm_splits(spec_, options_, plan, *plan.gemm2, entries, spec_.hidden, spec_.intermediate, num_sms_);
   return info;
 }
 
@@ -379,6 +398,17 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   buffers.sorted_x = at<void>(args.workspace, layout.sorted_rows);
   const bool fp8 = spec_.weight_dtype == WeightDType::kFP8E4M3;
   const bool gemm_gathers = plan.gemm1->gather_tokens;
+  const int gemm1_splits =
+      gemm_splits(spec_, options_, plan, *plan.gemm1, entries, 2 * spec_.intermediate, spec_.hidden, num_sms);
+  const int gemm2_splits = gemm_splits(spec_, options_, plan, *plan.gemm2, entries, spec_.hidden, spec_.intermediate, num_sms);
+  float* split_partials = nullptr;
+  int* split_counters = nullptr;
+  if (gemm1_splits > 1 || gemm2_splits > 1) {
+    split_partials = at<float>(args.workspace, layout.split_partials);
+    split_counters = at<int>(args.workspace, layout.split_counters);
+    buffers.split_counters = split_counters;
+    buffers.split_counter_count = gemm::kSplitCounters;
+  }
   if (!skips(kStagePermute))
     permute::launch_permute(topk_ids, topk_weights, args.x, tokens, spec_.top_k, spec_.num_experts, spec_.hidden,
                             plan.token_tile, !gemm_gathers && !fp8, buffers, args.invalid_id_count, stream);
@@ -418,6 +448,9 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   gemm1.weight_scale = args.weights.w13_scale;
   gemm1.token_scale = x_scales;
   gemm1.per_row_scales = spec_.scheme == QuantScheme::kPerChannelPerToken;
+  gemm1.splits = gemm1_splits;
+  gemm1.split_partials = split_partials;
+  gemm1.split_counters = split_counters;
   if (!skips(kStageGemm1)) plan.gemm1->launch(gemm1, stream);
 
   const void* gemm2_tokens = intermediate;
@@ -451,6 +484,7 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   gemm2.row_weights = buffers.row_weights;
   gemm2.weight_scale = args.weights.w2_scale;
   gemm2.token_scale = intermediate_scales;
+  gemm2.splits = gemm2_splits;
   if (!skips(kStageGemm2)) plan.gemm2->launch(gemm2, stream);
 
   if (!skips(kStageCombine))

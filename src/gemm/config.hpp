@@ -76,7 +76,17 @@ struct GemmConfig {
   // + 1024 to align the dynamic buffer, + the barriers.
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 2 * kStages * 8;
   static constexpr int kThreads = 128 * (kConsumers + 1);  // consumer warpgroup(s) + producer warpgroup
+  // Whether launches may split K over several CTAs (GemmLaunch::splits). NOTE: only Swap-AB tiles,
+  // the decode-size variants: their fragments are a few floats, and normal-orientation tiles run
+  // where there are already more work items than SMs.
+  static constexpr bool kSplitK = kSwapAB;
+  static constexpr int kTileFloats = kTileM * kTileN;   // one work item's fp32 partial sum
 };
+
+// The split along K (GemmLaunch::splits): each split's fp32 partial of a tile goes to a workspace
+// region of at most this many floats, and one arrival counter per output tile decides who sums.
+inline constexpr long long kSplitPartialFloats = 1 << 19;   // 2 MiB
+inline constexpr int kSplitCounters = 4096;
 
 // One launch: tokens [token_rows, K] (expert-sorted), weights [experts × weight_rows, K], bf16 or e4m3.
 struct GemmLaunch {
@@ -99,6 +109,13 @@ struct GemmLaunch {
   const float* weight_scale = nullptr;
   const float* token_scale = nullptr;
   bool per_row_scales = false;   // kEpilogueScale: per-channel × per-token (else per-tensor)
+  // Split along K (kSplitK variants): `splits` CTAs each multiply a contiguous range of K blocks of
+  // one output tile, store the fp32 partial in split_partials, and the last to arrive at the tile's
+  // counter sums all partials in split order, then runs the epilogue. The counters
+  // ([kSplitCounters] ints) must be zero at launch; the launch leaves them zero.
+  int splits = 1;
+  float* split_partials = nullptr;   // [kSplitPartialFloats]
+  int* split_counters = nullptr;     // [kSplitCounters]
 };
 
 }  // namespace hmoe::gemm

@@ -11,6 +11,7 @@
 #include "gemm/mainloop.cuh"
 #include "gemm/scales.cuh"
 #include "gemm/scheduler.cuh"
+#include "gemm/split_k.cuh"
 #include "gemm/tensor_map.hpp"
 
 #include <cutlass/arch/reg_reconfig.h>
@@ -24,8 +25,10 @@ struct KernelArgs {
   const int* token_index;    // gathering variants only
   int weight_tiles;
   int k_blocks;
+  int splits;                // along K (Config::kSplitK variants; 1 otherwise)
   EpilogueArgs epilogue;
   ScaleArgs scales;          // FP8 variants only
+  SplitArgs split;           // splits > 1 only
 };
 
 template <class Config>
@@ -44,7 +47,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) expert_gemm_kernel(const 
   }
   __syncthreads();
 
-  PersistentScheduler scheduler(args.work, args.weight_tiles);
+  PersistentScheduler scheduler(args.work, args.weight_tiles, args.splits, args.k_blocks);
   constexpr int kProducerThread = 128 * Config::kConsumers;
   if (threadIdx.x >= kProducerThread) {
     // NOTE: with two consumer warpgroups the 128×256 accumulators need more than the 170 registers
@@ -56,7 +59,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) expert_gemm_kernel(const 
         cute::prefetch_tma_descriptor(&args.weight_map);
       }
       produce<Config>(smem, &args.token_map, &args.weight_map, args.token_index, scheduler,
-                      args.epilogue.weight_rows, args.k_blocks);
+                      args.epilogue.weight_rows);
     }
     return;
   }
@@ -66,13 +69,16 @@ __global__ void __launch_bounds__(Config::kThreads, 1) expert_gemm_kernel(const 
   float accumulator[Config::kTileN / 2];
   while (scheduler.next(item)) {
     if constexpr (Config::kQuant == QuantKind::kBlockScale) {
-      consume_promoted<Config>(smem, state, args.k_blocks, accumulator, BlockScales<Config>(item, args.scales));
+      consume_promoted<Config>(smem, state, item.k_begin, item.k_end, accumulator, BlockScales<Config>(item, args.scales));
     } else if constexpr (Config::kQuant == QuantKind::kEpilogueScale) {
-      consume_promoted<Config>(smem, state, args.k_blocks, accumulator, PlainPromotion<Config>{});
-      apply_epilogue_scales<Config>(accumulator, item, args.scales);
+      consume_promoted<Config>(smem, state, item.k_begin, item.k_end, accumulator, PlainPromotion<Config>{});
     } else {
-      consume<Config>(smem, state, args.k_blocks, accumulator);
+      consume<Config>(smem, state, item.k_begin, item.k_end, accumulator);
     }
+    if constexpr (Config::kSplitK) {
+      if (args.splits > 1 && !reduce_splits<Config>(accumulator, item, args.splits, args.split)) continue;
+    }
+    if constexpr (Config::kQuant == QuantKind::kEpilogueScale) apply_epilogue_scales<Config>(accumulator, item, args.scales);
     Epilogue<Config>::apply(accumulator, item, args.epilogue);
   }
 }
@@ -103,9 +109,18 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream) {
     throw Error("hmoe: FP8 expert GEMM launched without weight or token scales");
   if (Config::kQuant == QuantKind::kBlockScale && launch.k % kScaleGroup != 0)
     throw Error("hmoe: block-scaled expert GEMM needs K % 128 == 0 (K = " + std::to_string(launch.k) + ")");
-  // 2. Grid: persistent, as many CTAs as fit on the chip but no more than there can be work items.
   const int weight_tiles = (launch.weight_rows + Config::kWeightTile - 1) / Config::kWeightTile;
-  const long long max_items = static_cast<long long>(launch.max_tiles) * weight_tiles;
+  const int k_blocks = (launch.k + Config::kBlockK - 1) / Config::kBlockK;
+  if (launch.splits != 1) {
+    const long long output_tiles = static_cast<long long>(launch.max_tiles) * weight_tiles;
+    if (!Config::kSplitK || launch.splits < 1 || launch.splits > k_blocks || launch.split_partials == nullptr ||
+        launch.split_counters == nullptr || output_tiles > kSplitCounters ||
+        output_tiles * launch.splits * Config::kTileFloats > kSplitPartialFloats)
+      throw Error("hmoe: expert GEMM cannot split K " + std::to_string(launch.splits) + " ways here (K blocks " +
+                  std::to_string(k_blocks) + ", output tiles " + std::to_string(output_tiles) + ")");
+  }
+  // 2. Grid: persistent, as many CTAs as fit on the chip but no more than there can be work items.
+  const long long max_items = static_cast<long long>(launch.max_tiles) * weight_tiles * launch.splits;
   const int grid = static_cast<int>(std::min<long long>(max_items, static_cast<long long>(launch.num_sms) * ctas_per_sm<Config>()));
   if (grid <= 0) return;
   // 3. TMA descriptors.
@@ -117,7 +132,9 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream) {
   args.work = launch.work;
   args.token_index = launch.token_index;
   args.weight_tiles = weight_tiles;
-  args.k_blocks = (launch.k + Config::kBlockK - 1) / Config::kBlockK;
+  args.k_blocks = k_blocks;
+  args.splits = launch.splits;
+  args.split = SplitArgs{launch.split_partials, launch.split_counters};
   args.epilogue = EpilogueArgs{launch.out, launch.out_cols, launch.weight_rows, launch.row_weights};
   args.scales = ScaleArgs{launch.weight_scale, launch.token_scale, launch.per_row_scales, launch.weight_rows,
                           launch.k / kScaleGroup};

@@ -40,7 +40,7 @@ struct PipelineState {
 template <class Config>
 __device__ void produce(const SharedStorage<Config>& smem, const CUtensorMap* token_map,
                         const CUtensorMap* weight_map, const int* token_index, PersistentScheduler scheduler,
-                        int weight_rows, int k_blocks) {
+                        int weight_rows) {
   constexpr int kRowsPerLane = (Config::kTokenTile + 31) / 32;
   constexpr int kRowBytes = kTileRowBytes;
   constexpr int kBlockK = Config::kBlockK;
@@ -61,7 +61,7 @@ __device__ void produce(const SharedStorage<Config>& smem, const CUtensorMap* to
     // whose products the epilogue never writes (each output row depends on its own input row only).
     const std::uint32_t stage_bytes =
         Config::kGatherTokens ? kWeightBytes + token_rows * kRowBytes : Config::kStageBytes;
-    for (int k_block = 0; k_block < k_blocks; ++k_block) {
+    for (int k_block = item.k_begin; k_block < item.k_end; ++k_block) {
       std::uint8_t* token_tile = Config::kSwapAB ? smem.b_tile(state.stage) : smem.a_tile(state.stage);
       std::uint8_t* weight_tile = Config::kSwapAB ? smem.a_tile(state.stage) : smem.b_tile(state.stage);
       if (lane == 0) {
@@ -130,21 +130,21 @@ __device__ __forceinline__ void issue_stage(const SharedStorage<Config>& smem, i
   }
 }
 
-// Accumulates this warpgroup's 64 rows of one work item's [kTileM × kTileN] product over K into
-// `accumulator` (the wgmma fragment: element 4j + r sits at row 64·warpgroup + 16·warp + lane/4 +
+// Accumulates this warpgroup's 64 rows of one work item's [kTileM × kTileN] product over K blocks
+// [k_begin, k_end) (never empty) into `accumulator` (the wgmma fragment: element 4j + r sits at row 64·warpgroup + 16·warp + lane/4 +
 // 8·(r/2), column 8j + 2·(lane%4) + r%2).
 template <class Config>
-__device__ void consume(const SharedStorage<Config>& smem, PipelineState& state, int k_blocks,
+__device__ void consume(const SharedStorage<Config>& smem, PipelineState& state, int k_begin, int k_end,
                         float (&accumulator)[Config::kTileN / 2]) {
   constexpr int kFragment = Config::kTileN / 2;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   int previous_stage = -1;
-  for (int k_block = 0; k_block < k_blocks; ++k_block) {
+  for (int k_block = k_begin; k_block < k_end; ++k_block) {
     ptx::Barrier::wait(&smem.full[state.stage], state.phase);
     #pragma unroll
     for (int i = 0; i < kFragment; ++i) cute::warpgroup_fence_operand(accumulator[i]);
     cute::warpgroup_arrive();
-    issue_stage<Config>(smem, state.stage, accumulator, k_block > 0);
+    issue_stage<Config>(smem, state.stage, accumulator, k_block > k_begin);
     cute::warpgroup_commit_batch();
     // Keep one batch in flight: once the previous stage's batch retires, hand its buffer back.
     cute::warpgroup_wait<1>();
@@ -160,20 +160,21 @@ __device__ void consume(const SharedStorage<Config>& smem, PipelineState& state,
   if (previous_stage >= 0 && warp_leader) ptx::Barrier::arrive(&smem.empty[previous_stage]);
 }
 
-// FP8: each K block (one stage, 128 K) is multiplied into `partial`, then promoted into the fp32
-// `accumulator` by `promotion.promote(k_block, partial, accumulator)` — with its weight-block ×
-// token-group scale for 128×128 block scales, as is otherwise (scales.cuh says why). NOTE: the
+// FP8: each K block of [k_begin, k_end) (one stage, 128 K) is multiplied into `partial`, then
+// promoted into the fp32 `accumulator` by `promotion.promote(k_block, partial, accumulator)` —
+// with its weight-block × token-group scale for 128×128 block scales (k_block is absolute, so a
+// split along K finds its blocks' scales), as is otherwise (scales.cuh says why). NOTE: the
 // promotion needs the block's wgmma retired, so each stage waits for its own batch; the second
 // consumer warpgroup and the producer's stages in flight keep the tensor cores busy meanwhile.
 template <class Config, class Promotion>
-__device__ void consume_promoted(const SharedStorage<Config>& smem, PipelineState& state, int k_blocks,
+__device__ void consume_promoted(const SharedStorage<Config>& smem, PipelineState& state, int k_begin, int k_end,
                                  float (&accumulator)[Config::kTileN / 2], const Promotion& promotion) {
   constexpr int kFragment = Config::kTileN / 2;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   float partial[kFragment];
   #pragma unroll
   for (int i = 0; i < kFragment; ++i) accumulator[i] = 0.0f;
-  for (int k_block = 0; k_block < k_blocks; ++k_block) {
+  for (int k_block = k_begin; k_block < k_end; ++k_block) {
     ptx::Barrier::wait(&smem.full[state.stage], state.phase);
     #pragma unroll
     for (int i = 0; i < kFragment; ++i) cute::warpgroup_fence_operand(partial[i]);

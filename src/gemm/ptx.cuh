@@ -41,6 +41,12 @@ __device__ __forceinline__ void tma_load_2d(const CUtensorMap* map, std::uint64_
       : "memory");
 }
 
+// Waits until `threads` threads (a multiple of 32) of the CTA have reached barrier `id` (1..15;
+// 0 is __syncthreads): a barrier among some warps only, such as the consumer warpgroups.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" : : "r"(id), "r"(threads) : "memory");
+}
+
 using Barrier = cutlass::arch::ClusterTransactionBarrier;
 
 }  // namespace hmoe::ptx

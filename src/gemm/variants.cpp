@@ -17,8 +17,8 @@ namespace hmoe::gemm {
 std::span<const GemmVariant> gemm_variants() {
   static const GemmVariant table[] = {
 #define HMOE_GEMM_VARIANT(name, epilogue, swap_ab, token_tile, weight_tile, stages, gather, quant)              \
-  {#name, EpilogueKind::epilogue, swap_ab, token_tile, weight_tile, stages, gather, QuantKind::quant, &launch_##name, \
-   &prepare_##name},
+  {#name, EpilogueKind::epilogue, swap_ab, token_tile, weight_tile, stages, gather, QuantKind::quant, swap_ab,       \
+   &launch_##name, &prepare_##name},
 #include "gemm_variants.inc"
 #undef HMOE_GEMM_VARIANT
   };

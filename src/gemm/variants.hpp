@@ -20,6 +20,7 @@ struct GemmVariant {
   int stages;
   bool gather_tokens;   // reads x rows through the row → token index (GemmLaunch::token_index)
   QuantKind quant;      // bf16, or e4m3 with epilogue or per-K-block scales
+  bool split_k;         // may split K over CTAs (GemmConfig::kSplitK: the Swap-AB variants)
   void (*launch)(const GemmLaunch&, cudaStream_t);
   void (*prepare)();    // one-time setup (shared-memory limit, occupancy, module load); launch does it too
 };

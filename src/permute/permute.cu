@@ -10,9 +10,6 @@ namespace hmoe::permute {
 namespace {
 
 constexpr int kScanThreads = 1024;
-// Up to this many (token, slot) pairs one block does the whole stage (T ≤ 1024 at k = 8); above it
-// the count and the row assignment spread over the chip.
-constexpr int kSingleBlockEntries = 8192;
 
 __global__ void count_experts_kernel(const int* __restrict__ topk_ids, int entries, int experts,
                                      int* __restrict__ expert_counts, int* __restrict__ invalid_id_count) {
@@ -83,9 +80,10 @@ __global__ void __launch_bounds__(kScanThreads) permute_single_block_kernel(
     const int* __restrict__ topk_ids, const float* __restrict__ topk_weights, int entries, int top_k, int experts,
     int token_tile, int* __restrict__ expert_offsets, int* __restrict__ num_tiles, TokenTile* __restrict__ tiles,
     int* __restrict__ slot_rows, float* __restrict__ row_weights, int* __restrict__ sorted_tokens,
-    int* __restrict__ invalid_id_count) {
+    int* __restrict__ invalid_id_count, int* __restrict__ split_counters, int split_counter_count) {
   __shared__ int counts[kScanThreads];
   counts[threadIdx.x] = 0;
+  for (int i = threadIdx.x; i < split_counter_count; i += kScanThreads) split_counters[i] = 0;
   __syncthreads();
   int invalid = 0;
   for (int i = threadIdx.x; i < entries; i += kScanThreads) {
@@ -151,10 +149,13 @@ void launch_permute(const int* topk_ids, const float* topk_weights, const void* 
   if (entries <= kSingleBlockEntries) {
     permute_single_block_kernel<<<1, kScanThreads, 0, stream>>>(
         topk_ids, topk_weights, entries, top_k, experts, token_tile, buffers.expert_offsets, buffers.num_tiles,
-        buffers.tiles, buffers.slot_rows, buffers.row_weights, buffers.sorted_tokens, invalid_id_count);
+        buffers.tiles, buffers.slot_rows, buffers.row_weights, buffers.sorted_tokens, invalid_id_count,
+        buffers.split_counters, buffers.split_counters != nullptr ? buffers.split_counter_count : 0);
     HMOE_CUDA_CHECK(cudaGetLastError());
   } else {
-    // expert_counts is the only counter that needs zeroing (the others are written whole).
+    if (buffers.split_counters != nullptr)
+      HMOE_CUDA_CHECK(cudaMemsetAsync(buffers.split_counters, 0, sizeof(int) * buffers.split_counter_count, stream));
+    // Of the stage's own counters only expert_counts needs zeroing (the others are written whole).
     HMOE_CUDA_CHECK(cudaMemsetAsync(buffers.expert_counts, 0, sizeof(int) * experts, stream));
     const int count_blocks = std::min((entries + 255) / 256, 264);
     count_experts_kernel<<<count_blocks, 256, sizeof(int) * experts, stream>>>(

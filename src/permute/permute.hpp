@@ -19,7 +19,13 @@ struct PermuteBuffers {
   float* row_weights;       // [T·k]: routing weight of each sorted row
   int* sorted_tokens;       // [T·k]: token of each sorted row
   void* sorted_x;           // [T·k, H] bf16: x rows in expert-sorted order (GEMM1's token operand)
+  int* split_counters = nullptr;   // [split_counter_count], zeroed when given (the GEMMs' split along K)
+  int split_counter_count = 0;
 };
+
+// Up to this many (token, slot) pairs one block does the whole stage (T ≤ 1024 at k = 8); above it
+// the count and the row assignment spread over the chip.
+inline constexpr int kSingleBlockEntries = 8192;
 
 // Enqueues the stage: one launch up to kSingleBlockEntries (token, slot) pairs, four above, plus
 // the gather of x into sorted_x unless gather_x is false (GEMM1 then reads x through

@@ -18,9 +18,12 @@ struct WorkList {
 };
 
 // Largest number of tiles any routing of `entries` (token, slot) pairs over `experts` can need
-// when each tile holds at most `token_tile` rows: Σ ceil(c_e / tile) ≤ entries / tile + experts.
+// when each tile holds at most `token_tile` rows: Σ ceil(c_e / tile) over the experts with rows,
+// < Σ (c_e / tile + 1) ≤ entries / tile + min(experts, entries); and no tile is empty, so at most
+// `entries` (at T = 1: k tiles, not E).
 inline int max_token_tiles(long long entries, int experts, int token_tile) {
-  return static_cast<int>(entries / token_tile) + experts;
+  const long long bound = entries / token_tile + (entries < experts ? entries : experts);
+  return static_cast<int>(bound < entries ? bound : entries);
 }
 
 }  // namespace hmoe

@@ -83,6 +83,7 @@ std::vector<BenchRow> bench_layer(const LayerWeights& weights, const BenchOption
     plan_options.max_tokens = num_tokens;
     plan_options.orientation = options.orientation;
     plan_options.force_variant = options.force_variant;
+    plan_options.split_k = options.split_k;
     std::optional<MoeRunner> full_runner;   // --skip only: fills each set's workspace once
     if (options.skip_stages != 0) full_runner.emplace(spec, plan_options);
     plan_options.skip_stages = options.skip_stages;

@@ -30,6 +30,7 @@ struct BenchOptions {
   // PlanOptions::skip_stages (`hmoe bench --skip`): time the layer without these stages, after one
   // full run per input set in its own workspace. The rows are then not a valid layer.
   std::uint32_t skip_stages = 0;
+  int split_k = 0;                  // PlanOptions::split_k (`hmoe bench --split-k`)
 };
 
 struct BenchRow {

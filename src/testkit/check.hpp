@@ -33,6 +33,7 @@ struct CheckOptions {
   std::size_t max_workspace_bytes = 0;  // PlanOptions::max_workspace_bytes (0 = no cap, no chunks)
   bool batch_invariant = false;         // runs with MoeSpec::batch_invariant set
   bool static_act_scales = false;       // fp8-tensor: static activation scales instead of dynamic ones
+  int split_k = 0;                      // PlanOptions::split_k (0: hmoe's rule)
 };
 
 struct CheckResult {

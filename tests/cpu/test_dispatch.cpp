@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -302,6 +303,109 @@ TEST(Registry, ChoosePlanNeverPicksAVariantThatCannotRun) {
     }
   }
   std::printf("%d plans checked against their variants' constraints\n", plans);
+}
+
+// ---- The split along K --------------------------------------------------------------------------
+
+// The tile bound the grid and the split rule start from: never below what a routing can need (all
+// pairs in distinct experts, or all in one), and k tiles at T = 1 rather than E.
+TEST(SplitK, TileBoundHoldsForExtremeRoutings) {
+  for (int experts : {8, 64, 256}) {
+    for (int tile : {8, 16, 64}) {
+      for (long long entries : {1LL, 2LL, 8LL, 16LL, 100LL, 1000LL, 8192LL}) {
+        const long long spread = std::min<long long>(entries, experts);   // one row in each of the first experts...
+        const long long rest = entries - spread;                           // ...the rest in expert 0
+        const long long spread_tiles = spread - 1 + (1 + rest + tile - 1) / tile;
+        const long long one_expert = (entries + tile - 1) / tile;
+        const int bound = max_token_tiles(entries, experts, tile);
+        EXPECT_GE(bound, spread_tiles) << experts << " " << tile << " " << entries;
+        EXPECT_GE(bound, one_expert) << experts << " " << tile << " " << entries;
+        EXPECT_LE(bound, entries);
+      }
+    }
+  }
+  EXPECT_EQ(max_token_tiles(8, 256, 8), 8);   // deepseek-v3 at T = 1: its 8 experts, one tile each
+}
+
+const gemm::GemmVariant& variant_named(const std::string& name) {
+  for (const gemm::GemmVariant& variant : gemm::gemm_variants())
+    if (name == variant.name) return variant;
+  throw Error("no variant " + name);
+}
+
+TEST(SplitK, RuleSplitsOnlyWhereTheTilesLeaveSmsIdle) {
+  const gemm::GemmVariant& bf16 = variant_named("swiglu_swap_t8_w64");
+  const gemm::GemmVariant& fp8 = variant_named("swiglu_swap_t8_w64_fp8block");
+  const gemm::GemmVariant& normal = variant_named("swiglu_normal_t64_w128");
+  // deepseek-v3-tp8 GEMM1 at T = 1: 8 token tiles × 8 weight tiles on 132 SMs; K = 7168.
+  EXPECT_EQ(choose_splits(fp8, 64, 7168, 132, 0), 2);
+  EXPECT_EQ(choose_splits(bf16, 64, 7168, 132, 0), 2);
+  // qwen3-235b-a22b-tp4 GEMM1 at T = 1: 8 × 12 = 96 tiles; four splits fill 2.9 waves.
+  EXPECT_EQ(choose_splits(bf16, 96, 4096, 132, 0), 4);
+  // A full wave already (qwen3-30b-a3b at T = 1: 192 tiles, where two splits measured slower): no split.
+  EXPECT_EQ(choose_splits(bf16, 192, 2048, 132, 0), 1);
+  EXPECT_EQ(choose_splits(bf16, 132, 7168, 132, 0), 1);
+  EXPECT_EQ(choose_splits(bf16, 264, 7168, 132, 0), 1);
+  // Too little K (GEMM2 of deepseek-v3-tp8: I = 256, 2 FP8 stages), normal tiles, no SM count, forced off.
+  EXPECT_EQ(choose_splits(fp8, 8, 256, 132, 0), 1);
+  EXPECT_EQ(choose_splits(normal, 8, 7168, 132, 0), 1);
+  EXPECT_EQ(choose_splits(bf16, 64, 7168, 0, 0), 1);
+  EXPECT_EQ(choose_splits(bf16, 64, 7168, 132, 1), 1);
+  // Forced: as asked, capped by K (8+ stages a split, at most 8) and by the workspace's partials.
+  EXPECT_EQ(choose_splits(bf16, 64, 7168, 132, 3), 3);
+  EXPECT_EQ(choose_splits(bf16, 64, 7168, 132, 64), 8);
+  EXPECT_EQ(choose_splits(bf16, 64, 2048, 132, 8), 4);     // 32 bf16 stages
+  EXPECT_EQ(choose_splits(fp8, 64, 2048, 132, 8), 2);      // 16 FP8 stages
+  const long long tiles_for_two = gemm::kSplitPartialFloats / (2 * 8 * 64);
+  EXPECT_EQ(choose_splits(bf16, tiles_for_two, 7168, 132, 8), 2);
+  EXPECT_EQ(choose_splits(bf16, tiles_for_two + 1, 7168, 132, 8), 1);
+  EXPECT_EQ(choose_splits(bf16, gemm::kSplitCounters + 1, 7168, 132, 8), 1);
+  // Whatever the inputs, the count fits K and the workspace.
+  for (const gemm::GemmVariant& variant : gemm::gemm_variants()) {
+    for (long long tiles : {1LL, 7LL, 64LL, 131LL, 200LL, 1000LL, 5000LL}) {
+      for (int k : {128, 1024, 2048, 7168}) {
+        for (int requested : {0, 2, 8}) {
+          const int splits = choose_splits(variant, tiles, k, 132, requested);
+          const int k_step = variant.quant == gemm::QuantKind::kNone ? 64 : 128;
+          ASSERT_GE(splits, 1);
+          if (splits == 1) continue;
+          EXPECT_TRUE(variant.split_k) << variant.name;
+          EXPECT_GE(k / k_step / splits, 8) << variant.name << " K=" << k;
+          EXPECT_LE(tiles * splits * variant.token_tile * variant.weight_tile, gemm::kSplitPartialFloats);
+        }
+      }
+    }
+  }
+}
+
+TEST(SplitK, RunnerReportsItAndRejectsBadCounts) {
+  PlanOptions options;
+  options.max_tokens = 64;
+  options.split_k = 3;
+  const PlanInfo plan = MoeRunner(preset("deepseek-v3-tp8"), options).plan_info(1);
+  EXPECT_EQ(plan.gemm1_splits, 3);
+  EXPECT_EQ(plan.gemm2_splits, 1) << "GEMM2's K = I = 256 is too short to split";
+  options.split_k = 1;
+  EXPECT_EQ(MoeRunner(preset("deepseek-v3-tp8"), options).plan_info(1).gemm1_splits, 1);
+  options.split_k = -1;
+  try {
+    MoeRunner runner(preset("deepseek-v3-tp8"), options);
+    FAIL() << "no error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("PlanOptions.split_k = -1"), std::string::npos) << error.what();
+  }
+  MoeSpec invariant = preset("deepseek-v3-tp8");
+  invariant.batch_invariant = true;
+  options.split_k = 2;
+  try {
+    MoeRunner runner(invariant, options);
+    FAIL() << "no error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("batch_invariant"), std::string::npos) << error.what();
+  }
+  options.split_k = 0;
+  EXPECT_EQ(MoeRunner(invariant, options).plan_info(1).gemm1_splits, 1);
+  EXPECT_EQ(workspace_layout(invariant, 64).split_partials, 0u) << "batch-invariant layers have no split region";
 }
 
 // ---- Tuned tables -------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <vector>
 
 #include "dispatch/json.hpp"
 #include "dispatch/registry.hpp"
@@ -37,9 +38,10 @@ class ScopedTunedDir {
   std::string path_;
 };
 
-// Runs one layer with plan_options and compares it with the reference.
+// Runs one layer with plan_options and compares it with the reference; the output's bits go to
+// out_bits when given.
 testkit::CheckResult run_and_check(const testkit::LayerWeights& weights, int num_tokens, const PlanOptions& plan_options,
-                                   PlanInfo* plan) {
+                                   PlanInfo* plan, std::vector<std::uint16_t>* out_bits = nullptr) {
   const testkit::Stream stream;
   const testkit::RoutingDraw draw{testkit::RoutingMode::kUniform, 1, 2};
   const testkit::LayerInputs inputs =
@@ -57,6 +59,7 @@ testkit::CheckResult run_and_check(const testkit::LayerWeights& weights, int num
   stream.synchronize();
   const auto out_host = testkit::copy_to_host<std::uint16_t>(out.get(), out_count, stream.get());
   const auto x_host = testkit::copy_to_host<std::uint16_t>(inputs.x.get(), out_count, stream.get());
+  if (out_bits != nullptr) *out_bits = out_host;
   return testkit::compare_with_reference(weights, x_host, testkit::host_routing(weights, inputs, stream.get()), out_host,
                                          reference_token_budget(weights.spec), 1);
 }
@@ -111,6 +114,34 @@ TEST(DispatchGpu, EveryEligibleVariantPairMatchesTheReference) {
       const testkit::CheckResult result = run_and_check(weights, num_tokens, options, &plan);
       EXPECT_EQ(plan.source, "forced");
       expect_pass(result, plan, num_tokens);
+    }
+  }
+}
+
+// The split along K (PlanOptions::split_k) at decode sizes, forced and by the rule: each matches the
+// reference, and a second run (new runner, new workspace) gives the same bits, since the last split
+// to arrive sums the partials in split order whoever it is.
+TEST(DispatchGpu, SplitAlongKMatchesTheReferenceAndRepeatsBitForBit) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  for (const char* preset_name : {"qwen3-30b-a3b", "deepseek-v3-tp8", "qwen3-235b-a22b-tp4"}) {
+    const testkit::LayerWeights& weights = cached_weights(preset_name);
+    for (int num_tokens : {1, 2}) {
+      for (int split_k : {0, 2, 3, 8}) {
+        PlanOptions options{num_tokens};
+        options.split_k = split_k;
+        PlanInfo plan;
+        std::vector<std::uint16_t> bits[2];
+        const testkit::CheckResult result = run_and_check(weights, num_tokens, options, &plan, &bits[0]);
+        std::cout << "  " << preset_name << " split_k " << split_k << ": GEMM1 in " << plan.gemm1_splits << ", GEMM2 in "
+                  << plan.gemm2_splits << "\n";
+        expect_pass(result, plan, num_tokens);
+        if (split_k > 1) {
+          EXPECT_GT(plan.gemm1_splits, 1) << preset_name << " T=" << num_tokens;
+          EXPECT_LE(plan.gemm1_splits, split_k);
+        }
+        run_and_check(weights, num_tokens, options, &plan, &bits[1]);
+        EXPECT_EQ(bits[0], bits[1]) << preset_name << " T=" << num_tokens << " split_k " << split_k;
+      }
     }
   }
 }

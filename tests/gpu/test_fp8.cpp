@@ -174,6 +174,31 @@ TEST_P(Fp8LayerTest, MatchesQuantisedReference) {
 
 INSTANTIATE_TEST_SUITE_P(Schemes, Fp8LayerTest, testing::ValuesIn(fp8_cases()), fp8_case_name);
 
+// The split along K (PlanOptions::split_k) in every FP8 scheme: split ranges promote their own K
+// blocks with the right block scales (absolute K-block indices), epilogue scales apply once to the sum.
+TEST(Fp8SplitK, EverySchemeMatchesTheQuantisedReference) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  for (const char* preset_name : {"deepseek-v3-tp8", "qwen3-30b-a3b"}) {
+    for (QuantScheme scheme : {QuantScheme::kPerTensor, QuantScheme::kPerChannelPerToken, QuantScheme::kBlock128}) {
+      const testkit::LayerWeights& weights = cached_fp8_weights(preset_name, scheme);
+      for (int num_tokens : {1, 2}) {
+        for (int split_k : {0, 2, 5}) {
+          testkit::CheckOptions options;
+          options.num_tokens = num_tokens;
+          options.seed = 700 + num_tokens;
+          options.split_k = split_k;
+          const testkit::CheckResult result = testkit::check_layer(weights, options);
+          const std::string context = std::string(preset_name) + " " + to_string(scheme) + " T=" +
+                                      std::to_string(num_tokens) + " split_k " + std::to_string(split_k) + " (GEMM1 in " +
+                                      std::to_string(result.plan.gemm1_splits) + ")";
+          expect_passes(result, context);
+          if (split_k > 1) EXPECT_GT(result.plan.gemm1_splits, 1) << context;
+        }
+      }
+    }
+  }
+}
+
 // ---- Edge values ---------------------------------------------------------------------------------
 
 // One token of huge values (|x| far above 448 × any static scale: saturates, never Inf/NaN) and one
