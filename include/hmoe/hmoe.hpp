@@ -156,9 +156,10 @@ struct PlanOptions {
   // time on a private stream, with its own stream-ordered scratch (up to ~24 MB, freed before the
   // constructor returns), and wait for it (milliseconds of plan time). A process's first call of
   // the layer's kernels costs more than later ones, on the CPU and on the GPU; measured on H200
-  // (docs/PERF.md, "First call v4"), this brings the process's first call at T = 1 to
-  // 1.18–1.34× its steady state (1.34–1.52× with an empty layer, 1.31–2.02× with none). Off: the
-  // constructor touches no device memory and launches nothing.
+  // (docs/PERF.md, "First call v4"), the process's first call at T = 1 then takes 1.07–1.44× its
+  // steady state over the five presets (±0.1 from process to process), against 1.34–1.52× with
+  // an empty layer and 1.31–2.02× with none. Off: the constructor touches no device memory and
+  // launches nothing.
   bool warm_up = true;
   // Internal (`hmoe bench --skip`): leave these stages (StageBit) out of every run, to attribute a
   // layer's time to its stages. The output is then WRONG; every stage a skipped one would have fed
