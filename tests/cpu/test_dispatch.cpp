@@ -616,7 +616,9 @@ TEST(Cli, TuneAndColdstartUsage) {
   }
   for (const std::string command : {"tune", "tune --model gpt-17", "coldstart --model qwen3-30b-a3b --tokens 0",
                                     "tune --model qwen3-30b-a3b --dtype fp8", "bench --model qwen3-30b-a3b --explain=1",
-                                    "coldstart --model qwen3-30b-a3b --dtype fp9"}) {
+                                    "coldstart --model qwen3-30b-a3b --dtype fp9",
+                                    "coldstart --model qwen3-30b-a3b --processes 0",
+                                    "coldstart --model qwen3-30b-a3b --processes 33"}) {
     int exit_code = -1;
     const std::string output = cli(command, &exit_code);
     EXPECT_EQ(exit_code, 2) << command << "\n" << output;
@@ -626,6 +628,7 @@ TEST(Cli, TuneAndColdstartUsage) {
 TEST(Cli, GpuToolsSayWhenThereIsNoGpu) {
   if (testkit::hopper_gpu_available(nullptr)) GTEST_SKIP() << "a Hopper GPU is present";
   for (const std::string command : {"tune --model qwen3-30b-a3b", "coldstart --model qwen3-30b-a3b",
+                                    "coldstart --model qwen3-30b-a3b --processes 3",
                                     "bench --model qwen3-30b-a3b --host-overhead"}) {
     int exit_code = -1;
     const std::string output = cli(command, &exit_code);
