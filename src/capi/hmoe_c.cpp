@@ -166,12 +166,20 @@ hmoe_status hmoe_runner_create_with_options(const hmoe_spec* spec, const hmoe_pl
                         ": expected 0 (auto), 1 (normal) or 2 (swap)");
     cpp.orientation = static_cast<hmoe::Orientation>(options->orientation);
     cpp.max_workspace_bytes = options->max_workspace_bytes;
+    if (options->replay_graphs != 0 && options->replay_graphs != 1)
+      throw hmoe::Error("hmoe: invalid hmoe_plan_options.replay_graphs = " + std::to_string(options->replay_graphs) +
+                        ": expected 0 or 1");
+    if (options->no_warm_up != 0 && options->no_warm_up != 1)
+      throw hmoe::Error("hmoe: invalid hmoe_plan_options.no_warm_up = " + std::to_string(options->no_warm_up) +
+                        ": expected 0 or 1");
+    cpp.replay_graphs = options->replay_graphs == 1;
+    cpp.warm_up = options->no_warm_up == 0;
     *runner = new hmoe_runner{hmoe::MoeRunner(to_cpp(*spec), cpp)};
   });
 }
 
 hmoe_status hmoe_runner_create(const hmoe_spec* spec, int max_tokens, int orientation, hmoe_runner** runner) {
-  const hmoe_plan_options options{max_tokens, orientation, 0};
+  const hmoe_plan_options options{max_tokens, orientation, 0, 0, 0};
   return hmoe_runner_create_with_options(spec, &options, runner);
 }
 

@@ -181,7 +181,7 @@ TEST(CApi, RunnerRoundTripAndZeroTokens) {
 
 namespace {
 
-TEST(CApi, PlanOptionsCapTheWorkspaceAndCarryBatchInvariance) {
+TEST(CApi, PlanOptionsCapTheWorkspaceCarryBatchInvarianceAndSwitches) {
   hmoe_spec spec{};
   ASSERT_EQ(hmoe_spec_preset("deepseek-v3-tp8", &spec), HMOE_OK);
   EXPECT_EQ(spec.batch_invariant, 0);
@@ -213,6 +213,22 @@ TEST(CApi, PlanOptionsCapTheWorkspaceAndCarryBatchInvariance) {
       << hmoe_last_error();
   EXPECT_EQ(hmoe_runner_create_with_options(&spec, nullptr, &capped), HMOE_INVALID_ARGUMENT);
   EXPECT_NE(std::string(hmoe_last_error()).find("options is null"), std::string::npos) << hmoe_last_error();
+
+  // Graph replay and the warm-up switch reach the C++ options; values other than 0 and 1 are refused.
+  options.orientation = 0;
+  options.replay_graphs = 1;
+  options.no_warm_up = 1;
+  ASSERT_EQ(hmoe_runner_create_with_options(&spec, &options, &capped), HMOE_OK) << hmoe_last_error();
+  hmoe_runner_destroy(capped);
+  options.replay_graphs = 2;
+  EXPECT_EQ(hmoe_runner_create_with_options(&spec, &options, &capped), HMOE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hmoe_last_error()).find("hmoe_plan_options.replay_graphs = 2"), std::string::npos)
+      << hmoe_last_error();
+  options.replay_graphs = 0;
+  options.no_warm_up = -1;
+  EXPECT_EQ(hmoe_runner_create_with_options(&spec, &options, &capped), HMOE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hmoe_last_error()).find("hmoe_plan_options.no_warm_up = -1"), std::string::npos)
+      << hmoe_last_error();
 }
 
 }  // namespace
