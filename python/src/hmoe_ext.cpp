@@ -363,6 +363,8 @@ nb::dict plan_dict(const PlanInfo& info) {
   plan["gemm1_kernel"] = info.gemm1_kernel;
   plan["gemm2_kernel"] = info.gemm2_kernel;
   plan["num_chunks"] = info.num_chunks;
+  plan["gemm1_splits"] = info.gemm1_splits;
+  plan["gemm2_splits"] = info.gemm2_splits;
   plan["source"] = info.source;
   return plan;
 }

@@ -110,6 +110,7 @@ def test_runner_plans_on_the_host():
     assert runner.chunk_tokens == 64
     plan = runner.plan_info(1)
     assert plan["orientation"] in ("normal", "swap") and plan["gemm1_kernel"] in hmoe.compiled_kernels()
+    assert plan["gemm1_splits"] >= 1 and plan["gemm2_splits"] >= 1   # splits along K (1: none)
     assert runner.spec.top_k == 8
 
 
