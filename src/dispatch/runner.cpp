@@ -87,12 +87,12 @@ std::size_t logits_element_bytes(const MoeSpec& spec) {
   return spec.routing.logits_dtype == LogitsDType::kBFloat16 ? 2 : 4;
 }
 
-// Ways one GEMM of a run with `entries` (token, slot) pairs splits K (dispatch::choose_splits).
-int gemm_splits(const MoeSpec& spec, const PlanOptions& options, const dispatch::Plan& plan,
-                const gemm::GemmVariant& variant, long long entries, int weight_rows, int k, int num_sms) {
+// Ways one GEMM launch over at most `max_tiles` token tiles splits K (dispatch::choose_splits).
+int gemm_splits(const MoeSpec& spec, const PlanOptions& options, const gemm::GemmVariant& variant, int max_tiles,
+                int weight_rows, int k, int num_sms) {
   if (spec.batch_invariant) return 1;   // its workspace has no split region
-  const long long output_tiles = static_cast<long long>(max_token_tiles(entries, spec.num_experts, plan.token_tile)) *
-                                 ((weight_rows + variant.weight_tile - 1) / variant.weight_tile);
+  const long long output_tiles =
+      static_cast<long long>(max_tiles) * ((weight_rows + variant.weight_tile - 1) / variant.weight_tile);
   return dispatch::choose_splits(variant, output_tiles, k, num_sms, options.split_k);
 }
 
@@ -256,10 +256,11 @@ PlanInfo MoeRunner::plan_info(int num_tokens) const {
   info.gemm2_kernel = plan.gemm2->name;
   info.num_chunks = static_cast<int>((static_cast<long long>(tokens) + chunk_tokens_ - 1) / chunk_tokens_);
   info.source = plan.source;
-  const long long entries = static_cast<long long>(std::min(tokens, chunk_tokens_)) * spec_.top_k;
-  info.gemm1_splits =
-      gemm_splits(spec_, options_, plan, *plan.gemm1, entries, 2 * spec_.intermediate, spec_.hidden, num_sms_);
-  info.gemm2_splits = gemm_splits(spec_, options_, plan, *plan.gemm2, entries, spec_.hidden, spec_.intermediate, num_sms_);
+  const int max_tiles =
+      max_token_tiles(static_cast<long long>(std::min(tokens, chunk_tokens_)) * spec_.top_k, spec_.num_experts,
+                      plan.token_tile);
+  info.gemm1_splits = gemm_splits(spec_, options_, *plan.gemm1, max_tiles, 2 * spec_.intermediate, spec_.hidden, num_sms_);
+  info.gemm2_splits = gemm_splits(spec_, options_, *plan.gemm2, max_tiles, spec_.hidden, spec_.intermediate, num_sms_);
   return info;
 }
 
@@ -398,9 +399,9 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   buffers.sorted_x = at<void>(args.workspace, layout.sorted_rows);
   const bool fp8 = spec_.weight_dtype == WeightDType::kFP8E4M3;
   const bool gemm_gathers = plan.gemm1->gather_tokens;
-  const int gemm1_splits =
-      gemm_splits(spec_, options_, plan, *plan.gemm1, entries, 2 * spec_.intermediate, spec_.hidden, num_sms);
-  const int gemm2_splits = gemm_splits(spec_, options_, plan, *plan.gemm2, entries, spec_.hidden, spec_.intermediate, num_sms);
+  const int max_tiles = max_token_tiles(entries, spec_.num_experts, plan.token_tile);
+  const int gemm1_splits = gemm_splits(spec_, options_, *plan.gemm1, max_tiles, 2 * spec_.intermediate, spec_.hidden, num_sms);
+  const int gemm2_splits = gemm_splits(spec_, options_, *plan.gemm2, max_tiles, spec_.hidden, spec_.intermediate, num_sms);
   float* split_partials = nullptr;
   int* split_counters = nullptr;
   if (gemm1_splits > 1 || gemm2_splits > 1) {
@@ -429,7 +430,6 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   }
 
   const WorkList work{buffers.num_tiles, buffers.tiles};
-  const int max_tiles = max_token_tiles(entries, spec_.num_experts, plan.token_tile);
   void* intermediate = at<void>(args.workspace, layout.intermediate);
 
   gemm::GemmLaunch gemm1;
