@@ -94,6 +94,13 @@ Orientation parse_orientation(const std::string& text) {
   throw UsageError("--orientation '" + text + "': expected auto, normal or swap");
 }
 
+int parse_count(const std::string& option, const std::string& text, int most) {
+  long long value = 0;
+  if (!parse_int(text, &value) || value < 1 || value > most)
+    throw UsageError(option + " '" + text + "': expected a count 1.." + std::to_string(most));
+  return static_cast<int>(value);
+}
+
 int parse_split_k(const std::string& text) {
   if (text == "auto") return 0;
   long long value = 0;

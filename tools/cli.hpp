@@ -44,6 +44,8 @@ MoeSpec parse_preset(const std::string& name);
 // "1,2,4": positive integers separated by commas.
 std::vector<int> parse_token_list(const std::string& text);
 int parse_positive_int(const std::string& option, const std::string& text);
+// An integer in 1..most, else a usage error naming the option and the range.
+int parse_count(const std::string& option, const std::string& text, int most);
 std::uint64_t parse_seed(const std::string& text);
 Orientation parse_orientation(const std::string& text);
 // --split-k: "auto" (0, hmoe's rule) or a count >= 1 (1: never split).

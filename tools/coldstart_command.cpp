@@ -95,14 +95,6 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-int parse_process_count(const std::string& text) {
-  const std::size_t digits = text.find_first_not_of("0123456789");
-  const int count = digits == std::string::npos && !text.empty() && text.size() <= 3 ? std::stoi(text) : 0;
-  if (count < 1 || count > kMaxProcesses)
-    throw UsageError("--processes '" + text + "': expected a count 1.." + std::to_string(kMaxProcesses));
-  return count;
-}
-
 std::string shell_quoted(const std::string& text) {
   std::string quoted = "'";
   for (char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -197,7 +189,7 @@ int run_coldstart(const std::vector<std::string>& args) {
     apply_dtype(parsed.get("--dtype", "bf16"), spec);
     token_counts = parse_token_list(parsed.get("--tokens", kDefaultTokens));
     warm_up = !parsed.flag("--no-warm-up");
-    processes = parse_process_count(parsed.get("--processes", "1"));
+    processes = parse_count("--processes", parsed.get("--processes", "1"), kMaxProcesses);
   } catch (const UsageError& error) {
     return usage_error("coldstart", error.what(), kColdstartUsage);
   }

@@ -146,7 +146,7 @@ int choose_splits(const gemm::GemmVariant& variant, long long output_tiles, int 
   constexpr int kMinSplitKBlocks = 8;
   constexpr int kMaxSplits = 8;
   if (requested == 1 || !variant.split_k || output_tiles <= 0 || output_tiles > gemm::kSplitCounters) return 1;
-  const int k_step = variant.quant == gemm::QuantKind::kNone ? 64 : 128;   // K per stage (GemmConfig::kBlockK)
+  const int k_step = gemm::kTileRowBytes / (variant.quant == gemm::QuantKind::kNone ? 2 : 1);   // GemmConfig::kBlockK
   const long long tile_floats = static_cast<long long>(variant.token_tile) * variant.weight_tile;
   const long long fit = gemm::kSplitPartialFloats / (output_tiles * tile_floats);
   const int most = static_cast<int>(std::min<long long>({kMaxSplits, (k + k_step - 1) / k_step / kMinSplitKBlocks, fit}));
