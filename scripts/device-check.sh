@@ -119,8 +119,8 @@ if [[ $skip != *" coldstart "* ]]; then
     # Three fresh processes: one process's first-call ratio moves by ~0.1 from one to the next.
     line=$(timeout "$(limit 60)" "$bin/hmoe" coldstart --model "$preset" --dtype "$dtype" --processes 3 2>&1 |
              tee -a "$out/coldstart.log" |
-             awk '/^coldstart_processes:/ {for (i = 2; i <= NF; ++i) if ($i ~ /^(max_cold_ms|worst_first_call_ratio|worst_T)=/) printf "%s ", $i}')
-    note "coldstart $item | ${line:-? }(3 processes; T=1,3,17,100,777,5000,12345; first call <= 1.2x isolated steady)"
+             awk '/^coldstart_processes:/ {for (i = 2; i <= NF; ++i) if ($i ~ /^(max_cold_ms|worst_first_call_ratio|worst_T|worst_warm_ratio|worst_warm_T)=/) printf "%s ", $i}')
+    note "coldstart $item | ${line:-? }(3 processes; T=1,3,17,100,777,5000,12345; first call <= 1.2x steady after the same L2 reset; warm: vs steady with a warm L2)"
   done
 fi
 
