@@ -141,6 +141,15 @@ WorkspaceLayout workspace_layout(const MoeSpec& spec, int max_tokens) {
   return layout;
 }
 
+int warm_up_tokens(const MoeSpec& small, int token_tile, int weight_tile, long long want_tiles, int most) {
+  const long long experts = std::max(small.num_experts, 1);
+  const long long weight_tiles = std::max(small.hidden / std::max(weight_tile, 1), 1);
+  const long long token_tiles = (std::max(want_tiles, 1LL) + experts * weight_tiles - 1) / (experts * weight_tiles);
+  const long long slots = experts * token_tiles * std::max(token_tile, 1);
+  const long long tokens = (slots + std::max(small.top_k, 1) - 1) / std::max(small.top_k, 1);
+  return static_cast<int>(std::clamp<long long>(tokens, 1, std::max(most, 1)));
+}
+
 int choose_splits(const gemm::GemmVariant& variant, long long output_tiles, int k, int num_sms, int requested) {
   // Splits along K shorter than this many K blocks (stages) would leave the pipeline half-filled.
   constexpr int kMinSplitKBlocks = 8;

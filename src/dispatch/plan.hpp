@@ -76,6 +76,12 @@ WorkspaceLayout workspace_layout(const MoeSpec& spec, int max_tokens);
 // rule, n ≥ 1 = n ways, capped by what the variant, K and the workspace allow).
 int choose_splits(const gemm::GemmVariant& variant, long long output_tiles, int k, int num_sms, int requested);
 
+// Tokens of the plan-time warm-up (MoeRunner::warm_up) on its small copy `small` of the layer:
+// token t's slot s goes to expert (t·k + s) mod E, and the count is the fewest for which every
+// expert gets whole token tiles enough that the GEMM with fewer weight tiles (weight_tile rows of
+// `small.hidden`) has at least want_tiles work items; at most `most`, at least 1.
+int warm_up_tokens(const MoeSpec& small, int token_tile, int weight_tile, long long want_tiles, int most);
+
 // Tokens per chunk under a workspace cap: max_tokens when its layout fits (or the cap is 0), else
 // the largest count whose layout fits. Throws hmoe::Error naming max_workspace_bytes when not
 // even one token fits.

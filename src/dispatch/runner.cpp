@@ -184,21 +184,27 @@ class RelaxedCaptureMode {
 }  // namespace
 
 // NOTE: a small copy of the layer (H = I = kWarmUpWidth, same E, k, routing and scheme) that runs
-// the GEMM variants this layer's T = 1 plan runs, with one real token tile: slot 0 of the one token
-// goes to expert 0, the other slots are out of range. An empty layer (every id out of range)
-// removed only the CPU part of the first call's extra on H200; a run with real tiles just before
-// removed nearly all of it (docs/PERF.md, "First call v3"). Scratch: E small experts of zeros
-// (deepseek-v3, E = 256, bf16: 24 MB), stream-ordered and freed before returning. Relaxed capture
-// mode: planning while this thread captures a graph elsewhere must neither fail nor invalidate it.
+// the GEMM variants this layer's T = 1 plan runs, with enough tokens that both GEMMs have work for
+// every resident CTA on every SM: token t's slot s goes to expert (t·k + s) mod E. What the first
+// call lacks is per SM: on H200 the first call at T = 1 ran 1.3–1.7× a steady call even with L2
+// reset before both (docs/PERF.md, "First call v5"), and the same warm-up with one token tile (a few
+// SMs) left that; a real layer run just before took it to ~1.1×. Scratch: E small experts of zeros
+// (deepseek-v3, E = 256, bf16: 24 MB) and up to kWarmUpMaxTokens rows of 256 bytes, stream-ordered
+// and freed before returning. Relaxed capture mode: planning while this thread captures a graph
+// elsewhere must neither fail nor invalidate it.
 void MoeRunner::warm_up() const {
   constexpr int kWarmUpWidth = 128;   // a multiple of every variant's K step and of the FP8 blocks
+  constexpr int kWarmUpCtasPerSm = 4; // at least the resident CTAs of any decode variant (3 for 64×8 FP8)
+  constexpr int kWarmUpMaxTokens = 4096;
   const RelaxedCaptureMode relaxed;
   const dispatch::Plan plan = dispatch::plan_for(spec_, 1, options_.orientation, overrides_.get());
   MoeSpec small = spec_;
   small.hidden = kWarmUpWidth;
   small.intermediate = kWarmUpWidth;
+  const int tokens = dispatch::warm_up_tokens(small, plan.token_tile, std::min(plan.gemm1->weight_tile, plan.gemm2->weight_tile),
+                                    kWarmUpCtasPerSm * std::max(num_sms_, 1), kWarmUpMaxTokens);
   PlanOptions options = options_;
-  options.max_tokens = 1;
+  options.max_tokens = tokens;
   options.max_workspace_bytes = 0;
   options.replay_graphs = false;
   options.skip_stages = 0;
@@ -208,11 +214,11 @@ void MoeRunner::warm_up() const {
   const MoeRunner runner(small, options);
   ScratchStream scratch;
   const std::size_t row_bytes = static_cast<std::size_t>(small.hidden) * 2;
-  const std::size_t slots = static_cast<std::size_t>(small.top_k);
+  const std::size_t slots = static_cast<std::size_t>(tokens) * small.top_k;
   RunArgs args;
-  args.num_tokens = 1;
-  args.x = scratch.zeroed(row_bytes);
-  args.out = scratch.zeroed(row_bytes);
+  args.num_tokens = tokens;
+  args.x = scratch.zeroed(tokens * row_bytes);
+  args.out = scratch.zeroed(tokens * row_bytes);
   args.workspace = scratch.zeroed(runner.workspace_bytes());
   args.workspace_size = std::max<std::size_t>(runner.workspace_bytes(), 256);
   args.weights.w13 = scratch.zeroed(prepared_w13_bytes(small));
@@ -229,15 +235,16 @@ void MoeRunner::warm_up() const {
     args.act_scale = scales;
     args.intermediate_act_scale = scales + 1;
   }
+  std::vector<std::int32_t> ids(slots);
+  for (std::size_t slot = 0; slot < slots; ++slot) ids[slot] = static_cast<std::int32_t>(slot % small.num_experts);
   auto* topk_ids = static_cast<std::int32_t*>(scratch.zeroed(slots * 4));
   auto* topk_weights = static_cast<float*>(scratch.zeroed(slots * 4));
-  HMOE_CUDA_CHECK(cudaMemsetAsync(topk_ids, 0xff, slots * 4, scratch.get()));   // id -1: out of range
-  HMOE_CUDA_CHECK(cudaMemsetAsync(topk_ids, 0, 4, scratch.get()));              // slot 0: expert 0
+  HMOE_CUDA_CHECK(cudaMemcpyAsync(topk_ids, ids.data(), slots * 4, cudaMemcpyHostToDevice, scratch.get()));
   // Routing alone (its ids would select any expert); then the layer on the ids above.
   const dispatch::WorkspaceLayout layout = dispatch::workspace_layout(small, runner.chunk_tokens_);
-  routing::launch_topk(small, scratch.zeroed(small.num_experts * logits_element_bytes(small)), nullptr, 1,
-                       at<int>(args.workspace, layout.topk_ids), at<float>(args.workspace, layout.topk_weights),
-                       scratch.get());
+  routing::launch_topk(small, scratch.zeroed(slots / small.top_k * small.num_experts * logits_element_bytes(small)),
+                       nullptr, tokens, at<int>(args.workspace, layout.topk_ids),
+                       at<float>(args.workspace, layout.topk_weights), scratch.get());
   runner.run_from_topk(args, topk_ids, topk_weights, scratch.get());
   HMOE_CUDA_CHECK(cudaStreamSynchronize(scratch.get()));
 }

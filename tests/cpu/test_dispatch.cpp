@@ -378,6 +378,42 @@ TEST(SplitK, RuleSplitsOnlyWhereTheTilesLeaveSmsIdle) {
   }
 }
 
+// The warm-up's token count, checked by dealing its slots out as MoeRunner::warm_up does and
+// counting the work items of the GEMM with fewer weight tiles.
+TEST(WarmUp, TokensGiveEveryResidentCtaAWorkItem) {
+  const auto work_items = [](const MoeSpec& small, int tokens, int token_tile, int weight_tile) {
+    std::vector<long long> slots_of(small.num_experts, 0);
+    for (long long slot = 0; slot < static_cast<long long>(tokens) * small.top_k; ++slot) ++slots_of[slot % small.num_experts];
+    long long token_tiles = 0;
+    for (long long count : slots_of) token_tiles += (count + token_tile - 1) / token_tile;
+    return token_tiles * std::max(small.hidden / weight_tile, 1);
+  };
+  constexpr int kMost = 4096;
+  for (const std::string& name : preset_names()) {
+    MoeSpec small = preset(name);
+    small.hidden = small.intermediate = 128;
+    for (const auto& [token_tile, weight_tile] : std::vector<std::pair<int, int>>{{8, 64}, {16, 128}, {64, 128}, {128, 256}}) {
+      for (const long long want : {1LL, 132LL, 4LL * 132, 4LL * 132 * 8}) {
+        const int tokens = warm_up_tokens(small, token_tile, weight_tile, want, kMost);
+        SCOPED_TRACE(name + " tile " + std::to_string(token_tile) + "x" + std::to_string(weight_tile) + " want " +
+                     std::to_string(want) + " -> " + std::to_string(tokens) + " tokens");
+        ASSERT_GE(tokens, 1);
+        ASSERT_LE(tokens, kMost);
+        if (tokens == kMost) continue;
+        EXPECT_GE(work_items(small, tokens, token_tile, weight_tile), want);
+        // Not wasteful: two token tiles an expert fewer would not do.
+        const int two_rounds = 2 * ((small.num_experts * token_tile + small.top_k - 1) / small.top_k);
+        if (tokens > two_rounds) EXPECT_LT(work_items(small, tokens - two_rounds, token_tile, weight_tile), want);
+      }
+    }
+  }
+  // qwen3-30b-a3b (E = 128, k = 8) on 132 SMs × 4 with 8×64 tiles: 3 token tiles an expert, 384 tokens.
+  MoeSpec qwen3 = preset("qwen3-30b-a3b");
+  qwen3.hidden = qwen3.intermediate = 128;
+  EXPECT_EQ(warm_up_tokens(qwen3, 8, 64, 4 * 132, kMost), 384);
+  EXPECT_EQ(warm_up_tokens(qwen3, 128, 256, 4 * 132 * 8, kMost), kMost);   // capped
+}
+
 TEST(SplitK, RunnerReportsItAndRejectsBadCounts) {
   PlanOptions options;
   options.max_tokens = 64;

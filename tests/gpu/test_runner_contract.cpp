@@ -241,7 +241,7 @@ TEST(RunnerContract, SkippedStagesLaunchNothingAndReuseTheWorkspace) {
   }
 }
 
-// PlanOptions::warm_up (on by default) runs one empty layer while planning, on its own stream with
+// PlanOptions::warm_up (on by default) runs a small copy of the layer while planning, on its own stream with
 // its own scratch. It must not break a capture the caller has in progress (global mode, the
 // strictest), and must give its scratch back: 20 plans may not cost device memory.
 TEST(RunnerContract, PlanTimeWarmUpLeavesCapturesAndMemoryAlone) {
