@@ -151,15 +151,13 @@ struct PlanOptions {
   // A copy of the runner shares its graphs. Launches of one graph are ordered behind each other,
   // also across streams.
   bool replay_graphs = false;
-  // Run one token through a small copy of the layer (H = I = 128, same E, k, routing and scheme,
-  // the GEMM variants this layer's T = 1 plan runs, one real token tile, zero weights) at plan
-  // time on a private stream, with its own stream-ordered scratch (up to ~24 MB, freed before the
-  // constructor returns), and wait for it (milliseconds of plan time). A process's first call of
-  // the layer's kernels costs more than later ones, on the CPU and on the GPU; measured on H200
-  // (docs/PERF.md, "First call v4"), the process's first call at T = 1 then takes 1.07–1.44× its
-  // steady state over the five presets (±0.1 from process to process), against 1.34–1.52× with
-  // an empty layer and 1.31–2.02× with none. Off: the constructor touches no device memory and
-  // launches nothing.
+  // Run a small copy of the layer (H = I = 128, same E, k, routing and scheme, the GEMM variants
+  // this layer's T = 1 plan runs, zero weights) at plan time on a private stream, with enough
+  // tokens (320–1056 for the presets, at most 4096) that both GEMMs give every resident CTA on every
+  // SM a work item, with its own stream-ordered scratch (up to ~30 MB, freed before the constructor
+  // returns), and wait for it (milliseconds of plan time). A process's first call of the layer's
+  // kernels costs more than later ones, on the CPU and on each SM (docs/PERF.md, "First call v4"
+  // and "v5"). Off: the constructor touches no device memory and launches nothing.
   bool warm_up = true;
   // Internal (`hmoe bench --skip`): leave these stages (StageBit) out of every run, to attribute a
   // layer's time to its stages. The output is then WRONG; every stage a skipped one would have fed
