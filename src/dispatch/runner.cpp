@@ -194,15 +194,16 @@ class RelaxedCaptureMode {
 // elsewhere must neither fail nor invalidate it.
 void MoeRunner::warm_up() const {
   constexpr int kWarmUpWidth = 128;   // a multiple of every variant's K step and of the FP8 blocks
-  constexpr int kWarmUpCtasPerSm = 4; // at least the resident CTAs of any decode variant (3 for 64×8 FP8)
+  constexpr int kWarmUpCtasPerSm = 4;   // at least the resident CTAs of any decode variant (3 for 64×8 FP8)
   constexpr int kWarmUpMaxTokens = 4096;
   const RelaxedCaptureMode relaxed;
   const dispatch::Plan plan = dispatch::plan_for(spec_, 1, options_.orientation, overrides_.get());
   MoeSpec small = spec_;
   small.hidden = kWarmUpWidth;
   small.intermediate = kWarmUpWidth;
-  const int tokens = dispatch::warm_up_tokens(small, plan.token_tile, std::min(plan.gemm1->weight_tile, plan.gemm2->weight_tile),
-                                    kWarmUpCtasPerSm * std::max(num_sms_, 1), kWarmUpMaxTokens);
+  const int weight_tile = std::min(plan.gemm1->weight_tile, plan.gemm2->weight_tile);
+  const int tokens = dispatch::warm_up_tokens(small, plan.token_tile, weight_tile,
+                                              kWarmUpCtasPerSm * std::max(num_sms_, 1), kWarmUpMaxTokens);
   PlanOptions options = options_;
   options.max_tokens = tokens;
   options.max_workspace_bytes = 0;
