@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything hmoe checks on the H200 in one go: build (unless a carried build/ runs here), every GPU
-# test, `hmoe check` over the presets, SASS checks, a short benchmark; a compact table last.
+# test, SASS checks, a short benchmark, first calls, `hmoe check` over the presets; a compact table last.
 # Usage: scripts/device-check.sh [--full-bench]   (full logs go to $OUT when set)
 # Environment (to split the work over device calls): HMOE_GTEST_FILTER (default: every GPU test),
 # HMOE_CHECK_DTYPES (default "bf16 fp8-tensor fp8-channel fp8-block"), HMOE_BENCH_DTYPES (default
@@ -60,30 +60,6 @@ elif [[ $skip != *" tests "* ]]; then
   grep -E '^\[  FAILED  \]' "$out/gpu_tests.log" | head -20
 fi
 
-# ---- hmoe check: every preset at the acceptance token counts, plus skewed and extreme routing;
-# FP8 schemes at the same counts (the reference sample is smaller: two references per line).
-check_log="$out/check.log"
-: >"$check_log"
-if [[ $skip != *" check "* ]]; then
-  for dtype in $check_dtypes; do
-    ref=256; [ "$dtype" != bf16 ] && ref=48
-    for preset in qwen3-30b-a3b deepseek-v3-tp8 olmoe-1b-7b qwen3-235b-a22b-tp4 mixtral-8x7b; do
-      if [ "$(limit 150)" -lt 45 ]; then
-        echo "SKIPPED (time budget): hmoe check --model $preset --dtype $dtype" >>"$check_log"
-        continue
-      fi
-      timeout "$(limit 150)" "$bin/hmoe" check --model "$preset" --dtype "$dtype" --tokens "${HMOE_CHECK_TOKENS:-1,7,64,1000,8192}" --ref-tokens $ref >>"$check_log" 2>&1
-      [ "$dtype" != bf16 ] && continue
-      timeout "$(limit 60)" "$bin/hmoe" check --model "$preset" --tokens 7,1000 --routing extreme >>"$check_log" 2>&1
-      timeout "$(limit 60)" "$bin/hmoe" check --model "$preset" --tokens 64 --routing zipf --entry topk >>"$check_log" 2>&1
-    done
-  done
-  passes=$(grep -c PASS "$check_log"); fails=$(grep -c FAIL "$check_log")
-  worst=$(grep -oE 'rel_err=[0-9.eE+-]+' "$check_log" | cut -d= -f2 | sort -g | tail -1)
-  note "hmoe check | $passes PASS, $fails FAIL, $(grep -c SKIPPED "$check_log") skipped, worst rel error ${worst:-?} (dtypes: $check_dtypes)"
-  grep -E 'FAIL|rror' "$check_log" | head -10
-fi
-
 # ---- SASS: wgmma present, no local-memory traffic in the GEMM kernels.
 if command -v cuobjdump >/dev/null; then
   cuobjdump --dump-sass "$bin/hmoe" >"$out/sass.txt" 2>/dev/null
@@ -122,6 +98,31 @@ if [[ $skip != *" coldstart "* ]]; then
              awk '/^coldstart_processes:/ {for (i = 2; i <= NF; ++i) if ($i ~ /^(max_cold_ms|worst_first_call_ratio|worst_T|worst_warm_ratio|worst_warm_T)=/) printf "%s ", $i}')
     note "coldstart $item | ${line:-? }(3 processes; T=1,3,17,100,777,5000,12345; first call <= 1.2x steady after the same L2 reset; warm: vs steady with a warm L2)"
   done
+fi
+
+# ---- hmoe check (after the short steps: it is the longest): every preset at the acceptance token
+# counts, plus skewed and extreme routing;
+# FP8 schemes at the same counts (the reference sample is smaller: two references per line).
+check_log="$out/check.log"
+: >"$check_log"
+if [[ $skip != *" check "* ]]; then
+  for dtype in $check_dtypes; do
+    ref=256; [ "$dtype" != bf16 ] && ref=48
+    for preset in qwen3-30b-a3b deepseek-v3-tp8 olmoe-1b-7b qwen3-235b-a22b-tp4 mixtral-8x7b; do
+      if [ "$(limit 150)" -lt 45 ]; then
+        echo "SKIPPED (time budget): hmoe check --model $preset --dtype $dtype" >>"$check_log"
+        continue
+      fi
+      timeout "$(limit 150)" "$bin/hmoe" check --model "$preset" --dtype "$dtype" --tokens "${HMOE_CHECK_TOKENS:-1,7,64,1000,8192}" --ref-tokens $ref >>"$check_log" 2>&1
+      [ "$dtype" != bf16 ] && continue
+      timeout "$(limit 60)" "$bin/hmoe" check --model "$preset" --tokens 7,1000 --routing extreme >>"$check_log" 2>&1
+      timeout "$(limit 60)" "$bin/hmoe" check --model "$preset" --tokens 64 --routing zipf --entry topk >>"$check_log" 2>&1
+    done
+  done
+  passes=$(grep -c PASS "$check_log"); fails=$(grep -c FAIL "$check_log")
+  worst=$(grep -oE 'rel_err=[0-9.eE+-]+' "$check_log" | cut -d= -f2 | sort -g | tail -1)
+  note "hmoe check | $passes PASS, $fails FAIL, $(grep -c SKIPPED "$check_log") skipped, worst rel error ${worst:-?} (dtypes: $check_dtypes)"
+  grep -E 'FAIL|rror' "$check_log" | head -10
 fi
 
 # ---- Stage attribution (hmoe bench --skip): the whole layer minus each stage, at decode sizes.
