@@ -20,7 +20,6 @@
 #include "testkit/cuda_handles.hpp"
 #include "testkit/device.hpp"
 #include "testkit/l2_reset.hpp"
-#include "testkit/launch_gate.hpp"
 #include "testkit/layer_data.hpp"
 
 namespace hmoe::cli {
@@ -41,14 +40,10 @@ constexpr double kFirstCallBudget = 1.2;   // first call ≤ 1.2 × the steady-s
 constexpr int kMaxProcesses = 32;
 
 constexpr const char* kColdstartUsage =
-    "usage: hmoe coldstart --model PRESET [--dtype D] [--tokens T[,T...]] [--no-warm-up] [--gate]\n"
-    "                      [--processes N]\n"
+    "usage: hmoe coldstart --model PRESET [--dtype D] [--tokens T[,T...]] [--no-warm-up] [--processes N]\n"
     "  --model       a preset of DESIGN.md §3\n"
     "  --tokens      token counts (default 1,3,17,100,777,5000,12345); the first is the cold-start call\n"
     "  --no-warm-up  plan with PlanOptions::warm_up off (to measure what the plan-time warm-up buys)\n"
-    "  --gate        time GPU work only: every timed call (first and steady) is enqueued behind a kernel\n"
-    "                that holds the stream until the enqueue is done, so neither launch latency nor the\n"
-    "                host's cost of the call is in its interval (first_host_us still has them)\n"
     "  --processes   run the measurement in N fresh processes one after another (1..32, default 1) and\n"
     "                print, per T, the median and the worst first-call ratio over them: the ratio of one\n"
     "                process moves by about 0.1 from one process to the next (H200)\n"
@@ -56,8 +51,7 @@ constexpr const char* kColdstartUsage =
     "main(), and the kernel's process start time from /proc/self/stat) to the first layer output,\n"
     "excluding weight and input generation, then per T the first call against the steady state. The\n"
     "first call is timed alone: the GPU idle before it, CUDA events around its enqueue, so its host\n"
-    "launches are in it (not with --gate), and an L2 reset before it (a read pass over twice the L2\n"
-    "size, synchronised).\n"
+    "launches are in it, and an L2 reset before it (a read pass over twice the L2 size, synchronised).\n"
     "It is compared with two medians of 20 later calls timed the same way: reset_us, each after the\n"
     "same L2 reset (same cache contents as the first call: what the ratio shows above 1 is work done\n"
     "once), and isolated_us, with whatever the call before left in L2 (the layer's code, descriptors,\n"
@@ -210,11 +204,9 @@ int run_coldstart(const std::vector<std::string>& args) {
   MoeSpec spec;
   std::vector<int> token_counts;
   bool warm_up = true;
-  bool gated = false;
   int processes = 1;
   try {
-    const ParsedOptions parsed =
-        parse_options(args, {"--model", "--dtype", "--tokens", "--processes"}, {"--no-warm-up", "--gate"});
+    const ParsedOptions parsed = parse_options(args, {"--model", "--dtype", "--tokens", "--processes"}, {"--no-warm-up"});
     if (parsed.help) {
       std::cout << kColdstartUsage << kDtypeHelp;
       return 0;
@@ -225,7 +217,6 @@ int run_coldstart(const std::vector<std::string>& args) {
     apply_dtype(parsed.get("--dtype", "bf16"), spec);
     token_counts = parse_token_list(parsed.get("--tokens", kDefaultTokens));
     warm_up = !parsed.flag("--no-warm-up");
-    gated = parsed.flag("--gate");
     processes = parse_count("--processes", parsed.get("--processes", "1"), kMaxProcesses);
   } catch (const UsageError& error) {
     return usage_error("coldstart", error.what(), kColdstartUsage);
@@ -262,7 +253,6 @@ int run_coldstart(const std::vector<std::string>& args) {
       }
     }
     const testkit::L2Reset l2_reset(static_cast<std::size_t>(testkit::current_device_info().l2_bytes));
-    testkit::LaunchGate gate;
     stream.synchronize();
     const Clock::time_point inputs_ready = Clock::now();
 
@@ -280,25 +270,19 @@ int run_coldstart(const std::vector<std::string>& args) {
         const int set = run % kInputSets;
         runner.run_from_logits(set_args[set], inputs[index][set].router_logits.get(), stream.get());
       };
-      const testkit::Event start, stop;
-      // One call timed alone (the GPU idle before it), behind the gate with --gate; synchronised.
-      const auto timed_call = [&](int run) {
-        if (gated) gate.hold(stream.get());
-        start.record(stream.get());
-        run_set(run);
-        stop.record(stream.get());
-        if (gated) gate.release();
-        stream.synchronize();
-        return 1e3 * testkit::elapsed_ms(start, stop);
-      };
       FirstCall call;
       call.num_tokens = token_counts[index];
+      const testkit::Event start, stop;
       l2_reset.run(stream.get());
       stream.synchronize();
       const Clock::time_point host_start = Clock::now();
-      call.first_us = timed_call(0);
+      start.record(stream.get());
+      run_set(0);
+      stop.record(stream.get());
+      stream.synchronize();
       const Clock::time_point host_stop = Clock::now();
       if (index == 0) first_output = host_stop;
+      call.first_us = 1e3 * testkit::elapsed_ms(start, stop);
       call.first_host_us = 1e3 * ms_between(host_start, host_stop);
 
       for (int run = 0; run < kSteadyWarmup; ++run) run_set(run);
@@ -315,14 +299,24 @@ int run_coldstart(const std::vector<std::string>& args) {
       call.pipelined_us = median(pipelined_us);
 
       std::vector<double> isolated_us;
-      for (int run = 0; run < kIsolatedRuns; ++run) isolated_us.push_back(timed_call(run));
+      for (int run = 0; run < kIsolatedRuns; ++run) {
+        start.record(stream.get());
+        run_set(run);
+        stop.record(stream.get());
+        stream.synchronize();
+        isolated_us.push_back(1e3 * testkit::elapsed_ms(start, stop));
+      }
       call.isolated_us = median(isolated_us);
 
       std::vector<double> reset_us;
       for (int run = 0; run < kIsolatedRuns; ++run) {
         l2_reset.run(stream.get());
         stream.synchronize();
-        reset_us.push_back(timed_call(run));
+        start.record(stream.get());
+        run_set(run);
+        stop.record(stream.get());
+        stream.synchronize();
+        reset_us.push_back(1e3 * testkit::elapsed_ms(start, stop));
       }
       call.reset_us = median(reset_us);
       call.plan = runner.plan_info(call.num_tokens);
@@ -333,10 +327,9 @@ int run_coldstart(const std::vector<std::string>& args) {
     const double inputs_ms = ms_between(planned, inputs_ready);
     const double cold_ms = ms_between(entry, first_output) - weights_ms - inputs_ms;
     std::printf("device: %s\n", testkit::describe(testkit::current_device_info()).c_str());
-    std::printf("layer: %s %s E=%d k=%d H=%d I=%d; runner planned once for max_tokens=%d, warm-up %s, %s\n",
+    std::printf("layer: %s %s E=%d k=%d H=%d I=%d; runner planned once for max_tokens=%d, warm-up %s\n",
                 preset_name.c_str(), dtype_name(spec).c_str(), spec.num_experts, spec.top_k, spec.hidden,
-                spec.intermediate, plan_options.max_tokens, warm_up ? "on" : "off",
-                gated ? "gated (GPU time only)" : "launches in the timed intervals");
+                spec.intermediate, plan_options.max_tokens, warm_up ? "on" : "off");
     if (age_at_entry_ms >= 0)
       std::printf("process start -> main(): %.0f ms (/proc/self/stat, 10 ms ticks)\n", age_at_entry_ms);
     std::printf("main() -> CUDA context: %.1f ms; weights generated %.1f ms (excluded); plan + workspace %.2f ms; "
@@ -364,9 +357,9 @@ int run_coldstart(const std::vector<std::string>& args) {
       std::printf("coldstart_t: T=%d first_us=%.1f reset_us=%.1f ratio=%.3f isolated_us=%.1f warm_ratio=%.3f\n",
                   call.num_tokens, call.first_us, call.reset_us, call.first_us / call.reset_us, call.isolated_us,
                   call.first_us / call.isolated_us);
-    std::printf("coldstart: model=%s dtype=%s warm_up=%d gate=%d cold_ms=%.1f exec_to_main_ms=%.0f "
+    std::printf("coldstart: model=%s dtype=%s warm_up=%d cold_ms=%.1f exec_to_main_ms=%.0f "
                 "worst_first_call_ratio=%.2f worst_T=%d (vs a warm L2 %.2f at T=%d, vs pipelined %.2f)\n",
-                preset_name.c_str(), dtype_name(spec).c_str(), warm_up ? 1 : 0, gated ? 1 : 0, cold_ms, age_at_entry_ms,
+                preset_name.c_str(), dtype_name(spec).c_str(), warm_up ? 1 : 0, cold_ms, age_at_entry_ms,
                 worst_reset.ratio, worst_reset.num_tokens, worst_warm.ratio, worst_warm.num_tokens,
                 worst_pipelined_ratio);
     return 0;
