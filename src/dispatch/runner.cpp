@@ -96,6 +96,18 @@ int gemm_splits(const MoeSpec& spec, const PlanOptions& options, const gemm::Gem
   return dispatch::choose_splits(variant, output_tiles, k, num_sms, options.split_k);
 }
 
+struct LayerSplits {
+  int gemm1 = 1;
+  int gemm2 = 1;
+};
+
+// Both GEMMs' splits for a run of `plan` over at most `max_tiles` token tiles.
+LayerSplits layer_splits(const MoeSpec& spec, const PlanOptions& options, const dispatch::Plan& plan, int max_tiles,
+                         int num_sms) {
+  return {gemm_splits(spec, options, *plan.gemm1, max_tiles, 2 * spec.intermediate, spec.hidden, num_sms),
+          gemm_splits(spec, options, *plan.gemm2, max_tiles, spec.hidden, spec.intermediate, num_sms)};
+}
+
 }  // namespace
 
 MoeRunner::MoeRunner(const MoeSpec& spec, const PlanOptions& options) : spec_(spec), options_(options) {
@@ -243,8 +255,8 @@ void MoeRunner::warm_up() const {
   HMOE_CUDA_CHECK(cudaMemcpyAsync(topk_ids, ids.data(), slots * 4, cudaMemcpyHostToDevice, scratch.get()));
   // Routing alone (its ids would select any expert); then the layer on the ids above.
   const dispatch::WorkspaceLayout layout = dispatch::workspace_layout(small, runner.chunk_tokens_);
-  routing::launch_topk(small, scratch.zeroed(slots / small.top_k * small.num_experts * logits_element_bytes(small)),
-                       nullptr, tokens, at<int>(args.workspace, layout.topk_ids),
+  void* logits = scratch.zeroed(static_cast<std::size_t>(tokens) * small.num_experts * logits_element_bytes(small));
+  routing::launch_topk(small, logits, nullptr, tokens, at<int>(args.workspace, layout.topk_ids),
                        at<float>(args.workspace, layout.topk_weights), scratch.get());
   runner.run_from_topk(args, topk_ids, topk_weights, scratch.get());
   HMOE_CUDA_CHECK(cudaStreamSynchronize(scratch.get()));
@@ -267,8 +279,9 @@ PlanInfo MoeRunner::plan_info(int num_tokens) const {
   const int max_tiles =
       max_token_tiles(static_cast<long long>(std::min(tokens, chunk_tokens_)) * spec_.top_k, spec_.num_experts,
                       plan.token_tile);
-  info.gemm1_splits = gemm_splits(spec_, options_, *plan.gemm1, max_tiles, 2 * spec_.intermediate, spec_.hidden, num_sms_);
-  info.gemm2_splits = gemm_splits(spec_, options_, *plan.gemm2, max_tiles, spec_.hidden, spec_.intermediate, num_sms_);
+  const LayerSplits splits = layer_splits(spec_, options_, plan, max_tiles, num_sms_);
+  info.gemm1_splits = splits.gemm1;
+  info.gemm2_splits = splits.gemm2;
   return info;
 }
 
@@ -408,8 +421,8 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   const bool fp8 = spec_.weight_dtype == WeightDType::kFP8E4M3;
   const bool gemm_gathers = plan.gemm1->gather_tokens;
   const int max_tiles = max_token_tiles(entries, spec_.num_experts, plan.token_tile);
-  const int gemm1_splits = gemm_splits(spec_, options_, *plan.gemm1, max_tiles, 2 * spec_.intermediate, spec_.hidden, num_sms);
-  const int gemm2_splits = gemm_splits(spec_, options_, *plan.gemm2, max_tiles, spec_.hidden, spec_.intermediate, num_sms);
+  const LayerSplits splits = layer_splits(spec_, options_, plan, max_tiles, num_sms);
+  const int gemm1_splits = splits.gemm1, gemm2_splits = splits.gemm2;
   float* split_partials = nullptr;
   int* split_counters = nullptr;
   if (gemm1_splits > 1 || gemm2_splits > 1) {

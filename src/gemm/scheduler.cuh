@@ -37,8 +37,6 @@ class PersistentScheduler {
     return true;
   }
 
-  __device__ int splits() const { return splits_; }
-
  private:
   WorkList work_;
   int weight_tiles_;
