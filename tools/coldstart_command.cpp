@@ -20,6 +20,7 @@
 #include "testkit/cuda_handles.hpp"
 #include "testkit/device.hpp"
 #include "testkit/l2_reset.hpp"
+#include "testkit/launch_gate.hpp"
 #include "testkit/layer_data.hpp"
 
 namespace hmoe::cli {
@@ -40,10 +41,14 @@ constexpr double kFirstCallBudget = 1.2;   // first call ≤ 1.2 × the steady-s
 constexpr int kMaxProcesses = 32;
 
 constexpr const char* kColdstartUsage =
-    "usage: hmoe coldstart --model PRESET [--dtype D] [--tokens T[,T...]] [--no-warm-up] [--processes N]\n"
+    "usage: hmoe coldstart --model PRESET [--dtype D] [--tokens T[,T...]] [--no-warm-up] [--gate]\n"
+    "                      [--processes N]\n"
     "  --model       a preset of DESIGN.md §3\n"
     "  --tokens      token counts (default 1,3,17,100,777,5000,12345); the first is the cold-start call\n"
     "  --no-warm-up  plan with PlanOptions::warm_up off (to measure what the plan-time warm-up buys)\n"
+    "  --gate        time GPU work only: every timed call (first and steady) is enqueued behind a kernel\n"
+    "                that holds the stream until the enqueue is done, so neither launch latency nor the\n"
+    "                host's cost of the call is in its interval (first_host_us still has them)\n"
     "  --processes   run the measurement in N fresh processes one after another (1..32, default 1) and\n"
     "                print, per T, the median and the worst first-call ratio over them: the ratio of one\n"
     "                process moves by about 0.1 from one process to the next (H200)\n"
@@ -51,13 +56,15 @@ constexpr const char* kColdstartUsage =
     "main(), and the kernel's process start time from /proc/self/stat) to the first layer output,\n"
     "excluding weight and input generation, then per T the first call against the steady state. The\n"
     "first call is timed alone: the GPU idle before it, CUDA events around its enqueue, so its host\n"
-    "launches are in it, and an L2 reset before it (a read pass over twice the L2 size, synchronised).\n"
+    "launches are in it (not with --gate), and an L2 reset before it (a read pass over twice the L2\n"
+    "size, synchronised).\n"
     "It is compared with two medians of 20 later calls timed the same way: reset_us, each after the\n"
     "same L2 reset (same cache contents as the first call: what the ratio shows above 1 is work done\n"
     "once), and isolated_us, with whatever the call before left in L2 (the layer's code, descriptors,\n"
     "routing tables and inputs: that ratio adds what a warm L2 saves). Each gets a verdict. The median\n"
     "of 50 back-to-back calls, whose launches overlap the previous call's kernels, is printed too\n"
-    "(pipelined_us). Steady calls cycle through 5 input sets routed to different experts, so their\n"
+    "(pipelined_us), and the host time spent inside run_from_logits by the first call (enqueue_1st) and\n"
+    "by the reset_us calls (enqueue, median). Steady calls cycle through 5 input sets routed to different experts, so their\n"
     "weights are not left in L2 by the call before (the first call runs set 0). Exit 1 if no Hopper\n"
     "GPU, 2 on bad usage\n";
 
@@ -90,6 +97,8 @@ struct FirstCall {
   int num_tokens = 0;
   double first_us = 0.0;        // events around the first enqueue (GPU idle before it)
   double first_host_us = 0.0;   // steady clock around the first enqueue and its synchronisation
+  double first_enqueue_us = 0.0;   // steady clock around the first run_from_logits alone (host work)
+  double enqueue_us = 0.0;         // the same, median of the calls of reset_us
   double isolated_us = 0.0;     // median of kIsolatedRuns later calls, each timed as the first one
   double reset_us = 0.0;        // the same, each after the L2 reset the first call had before it
   double pipelined_us = 0.0;    // median of kSteadyRuns back-to-back calls
@@ -142,6 +151,7 @@ int run_in_processes(const std::vector<std::string>& args, int processes) {
   }
   command += " 2>&1";
   std::map<int, std::vector<double>> ratios, warm_ratios;   // T → one ratio per process
+  std::map<int, std::vector<double>> first_enqueues, enqueues;   // T → host µs per process
   std::vector<double> cold_ms;
   for (int process = 1; process <= processes; ++process) {
     FILE* pipe = ::popen(command.c_str(), "r");
@@ -167,22 +177,30 @@ int run_in_processes(const std::vector<std::string>& args, int processes) {
       }
       int num_tokens = 0;
       double first_us = 0.0, reset_us = 0.0, ratio = 0.0, isolated_us = 0.0, warm_ratio = 0.0;
-      if (std::sscanf(line.c_str(), "coldstart_t: T=%d first_us=%lf reset_us=%lf ratio=%lf isolated_us=%lf warm_ratio=%lf",
-                      &num_tokens, &first_us, &reset_us, &ratio, &isolated_us, &warm_ratio) == 6) {
+      double first_enqueue_us = 0.0, enqueue_us = 0.0;
+      if (std::sscanf(line.c_str(),
+                      "coldstart_t: T=%d first_us=%lf reset_us=%lf ratio=%lf isolated_us=%lf warm_ratio=%lf "
+                      "first_enqueue_us=%lf enqueue_us=%lf",
+                      &num_tokens, &first_us, &reset_us, &ratio, &isolated_us, &warm_ratio, &first_enqueue_us,
+                      &enqueue_us) == 8) {
         ratios[num_tokens].push_back(ratio);
         warm_ratios[num_tokens].push_back(warm_ratio);
+        first_enqueues[num_tokens].push_back(first_enqueue_us);
+        enqueues[num_tokens].push_back(enqueue_us);
       }
     }
   }
-  std::printf("%6s %13s %12s  %-5s %18s %17s  %s\n", "T", "median_ratio", "worst_ratio", "", "median_warm_ratio",
-              "worst_warm_ratio", "(first call / steady after the same L2 reset, / steady with a warm L2)");
+  std::printf("%6s %13s %12s  %-5s %18s %17s %12s %12s  %s\n", "T", "median_ratio", "worst_ratio", "",
+              "median_warm_ratio", "worst_warm_ratio", "enqueue_1st", "enqueue",
+              "(first call / steady after the same L2 reset, / steady with a warm L2; host us in run, medians)");
   Worst worst, worst_warm;
   for (const auto& [num_tokens, values] : ratios) {
     const double highest = *std::max_element(values.begin(), values.end());
     const std::vector<double>& warm = warm_ratios[num_tokens];
     const double highest_warm = *std::max_element(warm.begin(), warm.end());
-    std::printf("%6d %12.2fx %11.2fx  %-5s %17.2fx %16.2fx  %s\n", num_tokens, median(values), highest, verdict(highest),
-                median(warm), highest_warm, verdict(highest_warm));
+    std::printf("%6d %12.2fx %11.2fx  %-5s %17.2fx %16.2fx %12.1f %12.1f  %s\n", num_tokens, median(values), highest,
+                verdict(highest), median(warm), highest_warm, median(first_enqueues[num_tokens]),
+                median(enqueues[num_tokens]), verdict(highest_warm));
     worst.add(highest, num_tokens);
     worst_warm.add(highest_warm, num_tokens);
   }
@@ -204,9 +222,11 @@ int run_coldstart(const std::vector<std::string>& args) {
   MoeSpec spec;
   std::vector<int> token_counts;
   bool warm_up = true;
+  bool gated = false;
   int processes = 1;
   try {
-    const ParsedOptions parsed = parse_options(args, {"--model", "--dtype", "--tokens", "--processes"}, {"--no-warm-up"});
+    const ParsedOptions parsed =
+        parse_options(args, {"--model", "--dtype", "--tokens", "--processes"}, {"--no-warm-up", "--gate"});
     if (parsed.help) {
       std::cout << kColdstartUsage << kDtypeHelp;
       return 0;
@@ -217,6 +237,7 @@ int run_coldstart(const std::vector<std::string>& args) {
     apply_dtype(parsed.get("--dtype", "bf16"), spec);
     token_counts = parse_token_list(parsed.get("--tokens", kDefaultTokens));
     warm_up = !parsed.flag("--no-warm-up");
+    gated = parsed.flag("--gate");
     processes = parse_count("--processes", parsed.get("--processes", "1"), kMaxProcesses);
   } catch (const UsageError& error) {
     return usage_error("coldstart", error.what(), kColdstartUsage);
@@ -253,6 +274,7 @@ int run_coldstart(const std::vector<std::string>& args) {
       }
     }
     const testkit::L2Reset l2_reset(static_cast<std::size_t>(testkit::current_device_info().l2_bytes));
+    testkit::LaunchGate gate;
     stream.synchronize();
     const Clock::time_point inputs_ready = Clock::now();
 
@@ -270,19 +292,29 @@ int run_coldstart(const std::vector<std::string>& args) {
         const int set = run % kInputSets;
         runner.run_from_logits(set_args[set], inputs[index][set].router_logits.get(), stream.get());
       };
+      const testkit::Event start, stop;
+      double enqueue_us = 0.0;   // host time inside run_from_logits of the last timed call
+      // One call timed alone (the GPU idle before it), behind the gate with --gate; synchronised.
+      const auto timed_call = [&](int run) {
+        if (gated) gate.hold(stream.get());
+        start.record(stream.get());
+        const Clock::time_point enqueue_start = Clock::now();
+        run_set(run);
+        enqueue_us = 1e3 * ms_between(enqueue_start, Clock::now());
+        stop.record(stream.get());
+        if (gated) gate.release();
+        stream.synchronize();
+        return 1e3 * testkit::elapsed_ms(start, stop);
+      };
       FirstCall call;
       call.num_tokens = token_counts[index];
-      const testkit::Event start, stop;
       l2_reset.run(stream.get());
       stream.synchronize();
       const Clock::time_point host_start = Clock::now();
-      start.record(stream.get());
-      run_set(0);
-      stop.record(stream.get());
-      stream.synchronize();
+      call.first_us = timed_call(0);
+      call.first_enqueue_us = enqueue_us;
       const Clock::time_point host_stop = Clock::now();
       if (index == 0) first_output = host_stop;
-      call.first_us = 1e3 * testkit::elapsed_ms(start, stop);
       call.first_host_us = 1e3 * ms_between(host_start, host_stop);
 
       for (int run = 0; run < kSteadyWarmup; ++run) run_set(run);
@@ -299,26 +331,18 @@ int run_coldstart(const std::vector<std::string>& args) {
       call.pipelined_us = median(pipelined_us);
 
       std::vector<double> isolated_us;
-      for (int run = 0; run < kIsolatedRuns; ++run) {
-        start.record(stream.get());
-        run_set(run);
-        stop.record(stream.get());
-        stream.synchronize();
-        isolated_us.push_back(1e3 * testkit::elapsed_ms(start, stop));
-      }
+      for (int run = 0; run < kIsolatedRuns; ++run) isolated_us.push_back(timed_call(run));
       call.isolated_us = median(isolated_us);
 
-      std::vector<double> reset_us;
+      std::vector<double> reset_us, reset_enqueue_us;
       for (int run = 0; run < kIsolatedRuns; ++run) {
         l2_reset.run(stream.get());
         stream.synchronize();
-        start.record(stream.get());
-        run_set(run);
-        stop.record(stream.get());
-        stream.synchronize();
-        reset_us.push_back(1e3 * testkit::elapsed_ms(start, stop));
+        reset_us.push_back(timed_call(run));
+        reset_enqueue_us.push_back(enqueue_us);
       }
       call.reset_us = median(reset_us);
+      call.enqueue_us = median(reset_enqueue_us);
       call.plan = runner.plan_info(call.num_tokens);
       calls.push_back(call);
     }
@@ -327,9 +351,10 @@ int run_coldstart(const std::vector<std::string>& args) {
     const double inputs_ms = ms_between(planned, inputs_ready);
     const double cold_ms = ms_between(entry, first_output) - weights_ms - inputs_ms;
     std::printf("device: %s\n", testkit::describe(testkit::current_device_info()).c_str());
-    std::printf("layer: %s %s E=%d k=%d H=%d I=%d; runner planned once for max_tokens=%d, warm-up %s\n",
+    std::printf("layer: %s %s E=%d k=%d H=%d I=%d; runner planned once for max_tokens=%d, warm-up %s, %s\n",
                 preset_name.c_str(), dtype_name(spec).c_str(), spec.num_experts, spec.top_k, spec.hidden,
-                spec.intermediate, plan_options.max_tokens, warm_up ? "on" : "off");
+                spec.intermediate, plan_options.max_tokens, warm_up ? "on" : "off",
+                gated ? "gated (GPU time only)" : "launches in the timed intervals");
     if (age_at_entry_ms >= 0)
       std::printf("process start -> main(): %.0f ms (/proc/self/stat, 10 ms ticks)\n", age_at_entry_ms);
     std::printf("main() -> CUDA context: %.1f ms; weights generated %.1f ms (excluded); plan + workspace %.2f ms; "
@@ -337,8 +362,9 @@ int run_coldstart(const std::vector<std::string>& args) {
                 ms_between(entry, context_ready), weights_ms, ms_between(weights_ready, planned), inputs_ms);
     std::printf("main() -> first output (T=%d), excluding weights and inputs: %.1f ms  [%s, budget %.0f ms]\n",
                 token_counts.front(), cold_ms, cold_ms <= kColdStartBudgetMs ? "PASS" : "FAIL", kColdStartBudgetMs);
-    std::printf("%6s %10s %13s %9s %7s  %-5s %11s %7s  %-5s %12s %9s  %s\n", "T", "first_us", "first_host_us",
-                "reset_us", "ratio", "", "isolated_us", "ratio", "", "pipelined_us", "first/pip", "plan");
+    std::printf("%6s %10s %13s %9s %7s  %-5s %11s %7s  %-5s %12s %9s %10s %10s  %s\n", "T", "first_us", "first_host_us",
+                "reset_us", "ratio", "", "isolated_us", "ratio", "", "pipelined_us", "first/pip", "enqueue_1st", "enqueue",
+                "plan");
     Worst worst_reset, worst_warm;
     double worst_pipelined_ratio = 0.0;
     for (const FirstCall& call : calls) {
@@ -348,18 +374,19 @@ int run_coldstart(const std::vector<std::string>& args) {
       worst_reset.add(reset_ratio, call.num_tokens);
       worst_warm.add(warm_ratio, call.num_tokens);
       worst_pipelined_ratio = std::max(worst_pipelined_ratio, pipelined_ratio);
-      std::printf("%6d %10.1f %13.1f %9.1f %6.2fx  %-5s %11.1f %6.2fx  %-5s %12.1f %8.2fx  %s (%s)\n", call.num_tokens,
-                  call.first_us, call.first_host_us, call.reset_us, reset_ratio, verdict(reset_ratio), call.isolated_us,
-                  warm_ratio, verdict(warm_ratio), call.pipelined_us, pipelined_ratio, plan_summary(call.plan).c_str(),
-                  call.plan.source.c_str());
+      std::printf("%6d %10.1f %13.1f %9.1f %6.2fx  %-5s %11.1f %6.2fx  %-5s %12.1f %8.2fx %10.1f %10.1f  %s (%s)\n",
+                  call.num_tokens, call.first_us, call.first_host_us, call.reset_us, reset_ratio, verdict(reset_ratio),
+                  call.isolated_us, warm_ratio, verdict(warm_ratio), call.pipelined_us, pipelined_ratio,
+                  call.first_enqueue_us, call.enqueue_us, plan_summary(call.plan).c_str(), call.plan.source.c_str());
     }
     for (const FirstCall& call : calls)
-      std::printf("coldstart_t: T=%d first_us=%.1f reset_us=%.1f ratio=%.3f isolated_us=%.1f warm_ratio=%.3f\n",
+      std::printf("coldstart_t: T=%d first_us=%.1f reset_us=%.1f ratio=%.3f isolated_us=%.1f warm_ratio=%.3f "
+                  "first_enqueue_us=%.1f enqueue_us=%.1f\n",
                   call.num_tokens, call.first_us, call.reset_us, call.first_us / call.reset_us, call.isolated_us,
-                  call.first_us / call.isolated_us);
-    std::printf("coldstart: model=%s dtype=%s warm_up=%d cold_ms=%.1f exec_to_main_ms=%.0f "
+                  call.first_us / call.isolated_us, call.first_enqueue_us, call.enqueue_us);
+    std::printf("coldstart: model=%s dtype=%s warm_up=%d gate=%d cold_ms=%.1f exec_to_main_ms=%.0f "
                 "worst_first_call_ratio=%.2f worst_T=%d (vs a warm L2 %.2f at T=%d, vs pipelined %.2f)\n",
-                preset_name.c_str(), dtype_name(spec).c_str(), warm_up ? 1 : 0, cold_ms, age_at_entry_ms,
+                preset_name.c_str(), dtype_name(spec).c_str(), warm_up ? 1 : 0, gated ? 1 : 0, cold_ms, age_at_entry_ms,
                 worst_reset.ratio, worst_reset.num_tokens, worst_warm.ratio, worst_warm.num_tokens,
                 worst_pipelined_ratio);
     return 0;

@@ -665,6 +665,7 @@ TEST(Cli, GpuToolsSayWhenThereIsNoGpu) {
   if (testkit::hopper_gpu_available(nullptr)) GTEST_SKIP() << "a Hopper GPU is present";
   for (const std::string command : {"tune --model qwen3-30b-a3b", "coldstart --model qwen3-30b-a3b",
                                     "coldstart --model qwen3-30b-a3b --processes 3",
+                                    "coldstart --model qwen3-30b-a3b --gate --tokens 1,3",
                                     "bench --model qwen3-30b-a3b --host-overhead"}) {
     int exit_code = -1;
     const std::string output = cli(command, &exit_code);
