@@ -7,6 +7,7 @@
 
 #include "combine/combine.hpp"
 #include "common/cuda_check.hpp"
+#include "common/launch.cuh"
 
 namespace hmoe::combine {
 namespace {
@@ -17,6 +18,7 @@ constexpr int kSlotsInFlight = 8;
 __global__ void __launch_bounds__(kThreads) combine_kernel(const uint4* __restrict__ y,
                                                           const int* __restrict__ slot_rows, int top_k,
                                                           int vectors_per_row, uint4* __restrict__ out) {
+  pdl_start();
   const int token = blockIdx.x;
   const int v = blockIdx.y * kThreads + threadIdx.x;
   if (v >= vectors_per_row) return;
@@ -53,12 +55,12 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const uint4* __restri
 }  // namespace
 
 void launch_combine(const void* y, const int* slot_rows, int num_tokens, int top_k, int hidden, void* out,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, bool pdl) {
   if (num_tokens == 0) return;
   const int vectors_per_row = hidden / 8;
   const dim3 grid(num_tokens, (vectors_per_row + kThreads - 1) / kThreads);
-  combine_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const uint4*>(y), slot_rows, top_k, vectors_per_row,
-                                                static_cast<uint4*>(out));
+  launch_kernel(pdl, combine_kernel, grid, kThreads, 0, stream, static_cast<const uint4*>(y), slot_rows, top_k,
+                vectors_per_row, static_cast<uint4*>(out));
   HMOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -423,6 +423,10 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   const int max_tiles = max_token_tiles(entries, spec_.num_experts, plan.token_tile);
   const LayerSplits splits = layer_splits(spec_, options_, plan, max_tiles, num_sms);
   const int gemm1_splits = splits.gemm1, gemm2_splits = splits.gemm2;
+  // Programmatic dependent launch (common/launch.cuh) where launch gaps matter: Swap-AB plans, the
+  // decode sizes (−2.5 to −3.5 µs at T = 1 on H200); normal-orientation plans measured 1–2% slower
+  // with it (docs/PERF.md, "PDL v1 and v2").
+  const bool pdl = plan.swap_ab;
   float* split_partials = nullptr;
   int* split_counters = nullptr;
   if (gemm1_splits > 1 || gemm2_splits > 1) {
@@ -433,7 +437,7 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   }
   if (!skips(kStagePermute))
     permute::launch_permute(topk_ids, topk_weights, args.x, tokens, spec_.top_k, spec_.num_experts, spec_.hidden,
-                            plan.token_tile, !gemm_gathers && !fp8, buffers, args.invalid_id_count, stream);
+                            plan.token_tile, !gemm_gathers && !fp8, buffers, args.invalid_id_count, stream, pdl);
   void* sorted_rows = buffers.sorted_x;
   // The valid expert-sorted rows: (token, slot) pairs with an id in [0, E).
   const int* valid_rows = buffers.expert_offsets + spec_.num_experts;
@@ -447,7 +451,7 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
     rows.max_rows = entries;
     rows.cols = spec_.hidden;
     rows.amax_rows = tokens;
-    if (!skips(kStageQuantizeX)) quant::launch_quantize_rows(spec_, rows, args.act_scale, buffers.sorted_x, x_scales, stream);
+    if (!skips(kStageQuantizeX)) quant::launch_quantize_rows(spec_, rows, args.act_scale, buffers.sorted_x, x_scales, stream, pdl);
   }
 
   const WorkList work{buffers.num_tiles, buffers.tiles};
@@ -472,6 +476,7 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   gemm1.splits = gemm1_splits;
   gemm1.split_partials = split_partials;
   gemm1.split_counters = split_counters;
+  gemm1.pdl = pdl;
   if (!skips(kStageGemm1)) plan.gemm1->launch(gemm1, stream);
 
   const void* gemm2_tokens = intermediate;
@@ -487,7 +492,7 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
     rows.max_rows = entries;
     rows.cols = spec_.intermediate;
     if (!skips(kStageRequantize))
-      quant::launch_quantize_rows(spec_, rows, args.intermediate_act_scale, intermediate_fp8, scales, stream);
+      quant::launch_quantize_rows(spec_, rows, args.intermediate_act_scale, intermediate_fp8, scales, stream, pdl);
     gemm2_tokens = intermediate_fp8;
     intermediate_scales = scales;
   }
@@ -509,7 +514,7 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   if (!skips(kStageGemm2)) plan.gemm2->launch(gemm2, stream);
 
   if (!skips(kStageCombine))
-    combine::launch_combine(sorted_rows, buffers.slot_rows, tokens, spec_.top_k, spec_.hidden, args.out, stream);
+    combine::launch_combine(sorted_rows, buffers.slot_rows, tokens, spec_.top_k, spec_.hidden, args.out, stream, pdl);
 }
 
 }  // namespace hmoe

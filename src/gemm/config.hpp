@@ -116,6 +116,9 @@ struct GemmLaunch {
   int splits = 1;
   float* split_partials = nullptr;   // [kSplitPartialFloats]
   int* split_counters = nullptr;     // [kSplitCounters]
+  // Programmatic dependent launch (common/launch.cuh): the kernel may launch while the one before
+  // it on the stream finishes.
+  bool pdl = false;
 };
 
 }  // namespace hmoe::gemm

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/cuda_check.hpp"
+#include "common/launch.cuh"
 #include "gemm/config.hpp"
 #include "gemm/epilogue.cuh"
 #include "gemm/mainloop.cuh"
@@ -46,6 +47,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1) expert_gemm_kernel(const 
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
+  // PDL: the set-up above overlapped the kernel before; the work list and token rows are its output.
+  wait_for_previous_grid();
 
   PersistentScheduler scheduler(args.work, args.weight_tiles, args.splits, args.k_blocks);
   constexpr int kProducerThread = 128 * Config::kConsumers;
@@ -81,6 +84,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1) expert_gemm_kernel(const 
     if constexpr (Config::kQuant == QuantKind::kEpilogueScale) apply_epilogue_scales<Config>(accumulator, item, args.scales);
     Epilogue<Config>::apply(accumulator, item, args.epilogue);
   }
+  // PDL: the next kernel may launch once every CTA has issued its last tile's stores. NOTE: not
+  // earlier, or its CTAs would take the SMs this grid frees first, several to an SM, while others
+  // idle (measured slower on H200: docs/PERF.md "PDL v1 and v2").
+  allow_dependents_to_launch();
 }
 
 // CTAs of this variant that fit on one SM; the first call also raises the kernel's shared-memory
@@ -139,7 +146,7 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream) {
   args.scales = ScaleArgs{launch.weight_scale, launch.token_scale, launch.per_row_scales, launch.weight_rows,
                           launch.k / kScaleGroup};
   // 4. Launch.
-  expert_gemm_kernel<Config><<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(args);
+  launch_kernel(launch.pdl, expert_gemm_kernel<Config>, grid, Config::kThreads, Config::kSmemBytes, stream, args);
   HMOE_CUDA_CHECK(cudaGetLastError());
 }
 

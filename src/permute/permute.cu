@@ -4,6 +4,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "common/cuda_check.hpp"
+#include "common/launch.cuh"
 #include "permute/permute.hpp"
 
 namespace hmoe::permute {
@@ -13,6 +14,7 @@ constexpr int kScanThreads = 1024;
 
 __global__ void count_experts_kernel(const int* __restrict__ topk_ids, int entries, int experts,
                                      int* __restrict__ expert_counts, int* __restrict__ invalid_id_count) {
+  pdl_start();
   extern __shared__ int block_counts[];
   for (int e = threadIdx.x; e < experts; e += blockDim.x) block_counts[e] = 0;
   __syncthreads();
@@ -68,6 +70,7 @@ __device__ int plan_tiles(int count, int experts, int token_tile, int* __restric
 __global__ void __launch_bounds__(kScanThreads) build_work_list_kernel(
     const int* __restrict__ expert_counts, int experts, int token_tile, int* __restrict__ expert_cursor,
     int* __restrict__ expert_offsets, int* __restrict__ num_tiles, TokenTile* __restrict__ tiles) {
+  pdl_start();
   const int e = threadIdx.x;
   const int row_offset =
       plan_tiles(e < experts ? expert_counts[e] : 0, experts, token_tile, expert_offsets, num_tiles, tiles);
@@ -81,6 +84,7 @@ __global__ void __launch_bounds__(kScanThreads) permute_single_block_kernel(
     int token_tile, int* __restrict__ expert_offsets, int* __restrict__ num_tiles, TokenTile* __restrict__ tiles,
     int* __restrict__ slot_rows, float* __restrict__ row_weights, int* __restrict__ sorted_tokens,
     int* __restrict__ invalid_id_count, int* __restrict__ split_counters, int split_counter_count) {
+  pdl_start();
   __shared__ int counts[kScanThreads];
   counts[threadIdx.x] = 0;
   for (int i = threadIdx.x; i < split_counter_count; i += kScanThreads) split_counters[i] = 0;
@@ -114,6 +118,7 @@ __global__ void assign_rows_kernel(const int* __restrict__ topk_ids, const float
                                    int entries, int top_k, int experts, int* __restrict__ expert_cursor,
                                    int* __restrict__ slot_rows, float* __restrict__ row_weights,
                                    int* __restrict__ sorted_tokens) {
+  pdl_start();
   const int entry = blockIdx.x * blockDim.x + threadIdx.x;
   if (entry >= entries) return;
   const int expert = topk_ids[entry];
@@ -131,6 +136,7 @@ __global__ void assign_rows_kernel(const int* __restrict__ topk_ids, const float
 __global__ void gather_rows_kernel(const uint4* __restrict__ x, const int* __restrict__ sorted_tokens,
                                    const int* __restrict__ expert_offsets, int experts, int vectors_per_row,
                                    uint4* __restrict__ sorted_x) {
+  pdl_start();
   const int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= expert_offsets[experts]) return;   // rows past the valid (token, slot) pairs
@@ -143,11 +149,11 @@ __global__ void gather_rows_kernel(const uint4* __restrict__ x, const int* __res
 
 void launch_permute(const int* topk_ids, const float* topk_weights, const void* x, int num_tokens, int top_k,
                     int experts, int hidden, int token_tile, bool gather_x, const PermuteBuffers& buffers,
-                    int* invalid_id_count, cudaStream_t stream) {
+                    int* invalid_id_count, cudaStream_t stream, bool pdl) {
   if (experts > kScanThreads) throw Error("hmoe: permute supports at most 1024 experts");
   const int entries = num_tokens * top_k;
   if (entries <= kSingleBlockEntries) {
-    permute_single_block_kernel<<<1, kScanThreads, 0, stream>>>(
+    launch_kernel(pdl, permute_single_block_kernel, 1, kScanThreads, 0, stream,
         topk_ids, topk_weights, entries, top_k, experts, token_tile, buffers.expert_offsets, buffers.num_tiles,
         buffers.tiles, buffers.slot_rows, buffers.row_weights, buffers.sorted_tokens, invalid_id_count,
         buffers.split_counters, buffers.split_counters != nullptr ? buffers.split_counter_count : 0);
@@ -158,21 +164,21 @@ void launch_permute(const int* topk_ids, const float* topk_weights, const void* 
     // Of the stage's own counters only expert_counts needs zeroing (the others are written whole).
     HMOE_CUDA_CHECK(cudaMemsetAsync(buffers.expert_counts, 0, sizeof(int) * experts, stream));
     const int count_blocks = std::min((entries + 255) / 256, 264);
-    count_experts_kernel<<<count_blocks, 256, sizeof(int) * experts, stream>>>(
+    launch_kernel(pdl, count_experts_kernel, count_blocks, 256, sizeof(int) * experts, stream,
         topk_ids, entries, experts, buffers.expert_counts, invalid_id_count);
     HMOE_CUDA_CHECK(cudaGetLastError());
-    build_work_list_kernel<<<1, kScanThreads, 0, stream>>>(buffers.expert_counts, experts, token_tile,
+    launch_kernel(pdl, build_work_list_kernel, 1, kScanThreads, 0, stream, buffers.expert_counts, experts, token_tile,
                                                            buffers.expert_cursor, buffers.expert_offsets,
                                                            buffers.num_tiles, buffers.tiles);
     HMOE_CUDA_CHECK(cudaGetLastError());
-    assign_rows_kernel<<<(entries + 255) / 256, 256, 0, stream>>>(topk_ids, topk_weights, entries, top_k, experts,
+    launch_kernel(pdl, assign_rows_kernel, (entries + 255) / 256, 256, 0, stream, topk_ids, topk_weights, entries, top_k, experts,
                                                                    buffers.expert_cursor, buffers.slot_rows,
                                                                    buffers.row_weights, buffers.sorted_tokens);
     HMOE_CUDA_CHECK(cudaGetLastError());
   }
   if (!gather_x) return;
   constexpr int kWarpsPerBlock = 8;
-  gather_rows_kernel<<<(entries + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, 0, stream>>>(
+  launch_kernel(pdl, gather_rows_kernel, (entries + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, 0, stream,
       static_cast<const uint4*>(x), buffers.sorted_tokens, buffers.expert_offsets, experts, hidden / 8,
       static_cast<uint4*>(buffers.sorted_x));
   HMOE_CUDA_CHECK(cudaGetLastError());

@@ -29,10 +29,11 @@ inline constexpr int kSingleBlockEntries = 8192;
 
 // Enqueues the stage: one launch up to kSingleBlockEntries (token, slot) pairs, four above, plus
 // the gather of x into sorted_x unless gather_x is false (GEMM1 then reads x through
-// sorted_tokens). x rows are 16-byte aligned (H % 8 == 0).
+// sorted_tokens). x rows are 16-byte aligned (H % 8 == 0). pdl: its kernels may launch while the
+// kernel before them on the stream finishes (common/launch.cuh).
 void launch_permute(const int* topk_ids, const float* topk_weights, const void* x, int num_tokens, int top_k,
                     int experts, int hidden, int token_tile, bool gather_x, const PermuteBuffers& buffers,
-                    int* invalid_id_count, cudaStream_t stream);
+                    int* invalid_id_count, cudaStream_t stream, bool pdl = false);
 
 // Loads the stage's kernels (module loading is lazy), so the first run costs what later runs do.
 void prepare();

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "common/cuda_check.hpp"
+#include "common/launch.cuh"
 #include "quant/fp8.cuh"
 
 namespace hmoe::quant {
@@ -67,6 +68,7 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(
     const __nv_bfloat16* __restrict__ source, const int* __restrict__ source_row, const int* __restrict__ num_rows,
     int cols, bool ue8m0, const float* __restrict__ static_scale, std::uint8_t* __restrict__ values,
     float* __restrict__ scales) {
+  pdl_start();
   const int row = blockIdx.x;
   if (row >= *num_rows) return;
   const long long from = source_row != nullptr ? source_row[row] : row;
@@ -107,6 +109,7 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(
 // fixed_rows is 0) into *amax, which the caller zeroed.
 __global__ void __launch_bounds__(kThreads) amax_kernel(const __nv_bfloat16* __restrict__ source, int fixed_rows,
                                                         const int* __restrict__ num_rows, int cols, float* amax) {
+  pdl_start();
   const long long rows = fixed_rows > 0 ? fixed_rows : *num_rows;
   const long long quads = rows * cols / 4;
   float local = 0.0f;
@@ -120,19 +123,19 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const __nv_bfloat16* __r
 }  // namespace
 
 void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const float* static_scale, void* values,
-                          float* scales, cudaStream_t stream) {
+                          float* scales, cudaStream_t stream, bool pdl) {
   if (rows.max_rows <= 0) return;
   const auto* source = static_cast<const __nv_bfloat16*>(rows.source);
   auto* out = static_cast<std::uint8_t*>(values);
   const bool ue8m0 = spec.ue8m0_scales;
   switch (spec.scheme) {
     case QuantScheme::kBlock128:
-      quantize_rows_kernel<Granularity::kGroup128>
-          <<<dim3(rows.max_rows, (rows.cols / kGroup + kGroupsPerBlock - 1) / kGroupsPerBlock), kThreads, 0, stream>>>(
-          source, rows.source_row, rows.num_rows, rows.cols, ue8m0, nullptr, out, scales);
+      launch_kernel(pdl, quantize_rows_kernel<Granularity::kGroup128>,
+                    dim3(rows.max_rows, (rows.cols / kGroup + kGroupsPerBlock - 1) / kGroupsPerBlock), kThreads, 0,
+                    stream, source, rows.source_row, rows.num_rows, rows.cols, ue8m0, nullptr, out, scales);
       break;
     case QuantScheme::kPerChannelPerToken:
-      quantize_rows_kernel<Granularity::kRow><<<rows.max_rows, kThreads, 0, stream>>>(
+      launch_kernel(pdl, quantize_rows_kernel<Granularity::kRow>, rows.max_rows, kThreads, 0, stream,
           source, rows.source_row, rows.num_rows, rows.cols, ue8m0, nullptr, out, scales);
       break;
     case QuantScheme::kPerTensor:
@@ -140,10 +143,10 @@ void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const
         HMOE_CUDA_CHECK(cudaMemsetAsync(scales + 1, 0, sizeof(float), stream));
         const long long max_quads = static_cast<long long>(rows.amax_rows > 0 ? rows.amax_rows : rows.max_rows) * rows.cols / 4;
         const int blocks = static_cast<int>(std::clamp<long long>((max_quads + kThreads * 8 - 1) / (kThreads * 8), 1, 1056));
-        amax_kernel<<<blocks, kThreads, 0, stream>>>(source, rows.amax_rows, rows.num_rows, rows.cols, scales + 1);
+        launch_kernel(pdl, amax_kernel, blocks, kThreads, 0, stream, source, rows.amax_rows, rows.num_rows, rows.cols, scales + 1);
         HMOE_CUDA_CHECK(cudaGetLastError());
       }
-      quantize_rows_kernel<Granularity::kTensor><<<rows.max_rows, kThreads, 0, stream>>>(
+      launch_kernel(pdl, quantize_rows_kernel<Granularity::kTensor>, rows.max_rows, kThreads, 0, stream,
           source, rows.source_row, rows.num_rows, rows.cols, ue8m0, static_scale, out, scales);
       break;
     case QuantScheme::kNone:

@@ -22,9 +22,10 @@ struct ActivationRows {
 // Writes e4m3 rows [max_rows, cols] to values (rows ≥ *num_rows untouched) and the scales the GEMM
 // reads: per 1×128 group [rows, cols/128] (fp8-block), per row [rows] (fp8-channel), or for
 // fp8-tensor scales[0] = the scale (static_scale when given, else from the amax kept in scales[1]).
-// Enqueues 1 kernel (3 launches for dynamic per-tensor: zero, amax, quantise).
+// Enqueues 1 kernel (3 launches for dynamic per-tensor: zero, amax, quantise); pdl as in
+// common/launch.cuh.
 void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const float* static_scale, void* values,
-                          float* scales, cudaStream_t stream);
+                          float* scales, cudaStream_t stream, bool pdl = false);
 
 // Loads the kernels (module loading is lazy), so the first run costs what later runs do.
 void prepare();

@@ -5,6 +5,7 @@
 #include <climits>
 
 #include "common/cuda_check.hpp"
+#include "common/launch.cuh"
 #include "routing/routing.hpp"
 
 namespace hmoe::routing {
@@ -57,6 +58,7 @@ __device__ int take_best(const float (&score)[kPerLane], unsigned eligible, unsi
 template <int kPerLane, typename Logit>
 __global__ void softmax_topk_kernel(const Logit* __restrict__ logits, int num_tokens, int experts, int top_k,
                                     bool renormalize, int* __restrict__ topk_ids, float* __restrict__ topk_weights) {
+  pdl_start();
   const int lane = threadIdx.x % 32;
   const int token = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   if (token >= num_tokens) return;
@@ -116,6 +118,7 @@ __global__ void grouped_topk_kernel(const Logit* __restrict__ logits, const floa
                                     int num_tokens, int experts, int top_k, int num_groups, int topk_groups,
                                     float scaling_factor, int* __restrict__ topk_ids,
                                     float* __restrict__ topk_weights) {
+  pdl_start();
   const int lane = threadIdx.x % 32;
   const int token = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   if (token >= num_tokens) return;
@@ -236,11 +239,13 @@ void launch_for(const MoeSpec& spec, const Logit* logits, const float* correctio
   }
   const int blocks = (num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
   const RoutingSpec& routing = spec.routing;
+  // NOTE: no PDL for the first kernel of a layer (the kernel before it is the caller's); its trigger
+  // still lets the permute stage launch early.
   if (routing.function == RoutingFunction::kSoftmaxTopK) {
-    softmax_topk_kernel<kPerLane><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
+    launch_kernel(false, softmax_topk_kernel<kPerLane, Logit>, blocks, kWarpsPerBlock * 32, 0, stream,
         logits, num_tokens, spec.num_experts, spec.top_k, routing.renormalize, topk_ids, topk_weights);
   } else {
-    grouped_topk_kernel<kPerLane><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
+    launch_kernel(false, grouped_topk_kernel<kPerLane, Logit>, blocks, kWarpsPerBlock * 32, 0, stream,
         logits, correction_bias, num_tokens, spec.num_experts, spec.top_k, routing.num_groups,
         routing.topk_groups, routing.routed_scaling_factor, topk_ids, topk_weights);
   }
