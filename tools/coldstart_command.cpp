@@ -64,9 +64,9 @@ constexpr const char* kColdstartUsage =
     "routing tables and inputs: that ratio adds what a warm L2 saves). Each gets a verdict. The median\n"
     "of 50 back-to-back calls, whose launches overlap the previous call's kernels, is printed too\n"
     "(pipelined_us), and the host time spent inside run_from_logits by the first call (enqueue_1st) and\n"
-    "by the reset_us calls (enqueue, median). Steady calls cycle through 5 input sets routed to different experts, so their\n"
-    "weights are not left in L2 by the call before (the first call runs set 0). Exit 1 if no Hopper\n"
-    "GPU, 2 on bad usage\n";
+    "by the reset_us calls (enqueue, median). Steady calls cycle through 5 input sets routed to\n"
+    "different experts, so their weights are not left in L2 by the call before (the first call runs\n"
+    "set 0). Exit 1 if no Hopper GPU, 2 on bad usage\n";
 
 using Clock = std::chrono::steady_clock;
 

@@ -61,7 +61,6 @@ void launch_combine(const void* y, const int* slot_rows, int num_tokens, int top
   const dim3 grid(num_tokens, (vectors_per_row + kThreads - 1) / kThreads);
   launch_kernel(pdl, combine_kernel, grid, kThreads, 0, stream, static_cast<const uint4*>(y), slot_rows, top_k,
                 vectors_per_row, static_cast<uint4*>(out));
-  HMOE_CUDA_CHECK(cudaGetLastError());
 }
 
 void prepare() {

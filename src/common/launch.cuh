@@ -30,7 +30,8 @@ inline bool pdl_allowed() {
 }
 
 // kernel<<<grid, block, shared_bytes, stream>>>(args...), with PDL when `pdl` (and pdl_allowed()).
-// NOTE: the kernel must call wait_for_previous_grid() before its first global memory access.
+// NOTE: the kernel must call wait_for_previous_grid() before its first global memory access. Launch
+// errors are thrown here (cudaLaunchKernelEx returns them): no cudaGetLastError() after it.
 template <typename... KernelParams, typename... Args>
 void launch_kernel(bool pdl, void (*kernel)(KernelParams...), dim3 grid, dim3 block, std::size_t shared_bytes,
                    cudaStream_t stream, Args&&... args) {

@@ -147,7 +147,6 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream) {
                           launch.k / kScaleGroup};
   // 4. Launch.
   launch_kernel(launch.pdl, expert_gemm_kernel<Config>, grid, Config::kThreads, Config::kSmemBytes, stream, args);
-  HMOE_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace hmoe::gemm

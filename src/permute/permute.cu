@@ -157,7 +157,6 @@ void launch_permute(const int* topk_ids, const float* topk_weights, const void* 
         topk_ids, topk_weights, entries, top_k, experts, token_tile, buffers.expert_offsets, buffers.num_tiles,
         buffers.tiles, buffers.slot_rows, buffers.row_weights, buffers.sorted_tokens, invalid_id_count,
         buffers.split_counters, buffers.split_counters != nullptr ? buffers.split_counter_count : 0);
-    HMOE_CUDA_CHECK(cudaGetLastError());
   } else {
     if (buffers.split_counters != nullptr)
       HMOE_CUDA_CHECK(cudaMemsetAsync(buffers.split_counters, 0, sizeof(int) * buffers.split_counter_count, stream));
@@ -166,22 +165,18 @@ void launch_permute(const int* topk_ids, const float* topk_weights, const void* 
     const int count_blocks = std::min((entries + 255) / 256, 264);
     launch_kernel(pdl, count_experts_kernel, count_blocks, 256, sizeof(int) * experts, stream,
         topk_ids, entries, experts, buffers.expert_counts, invalid_id_count);
-    HMOE_CUDA_CHECK(cudaGetLastError());
     launch_kernel(pdl, build_work_list_kernel, 1, kScanThreads, 0, stream, buffers.expert_counts, experts, token_tile,
                                                            buffers.expert_cursor, buffers.expert_offsets,
                                                            buffers.num_tiles, buffers.tiles);
-    HMOE_CUDA_CHECK(cudaGetLastError());
     launch_kernel(pdl, assign_rows_kernel, (entries + 255) / 256, 256, 0, stream, topk_ids, topk_weights, entries, top_k, experts,
                                                                    buffers.expert_cursor, buffers.slot_rows,
                                                                    buffers.row_weights, buffers.sorted_tokens);
-    HMOE_CUDA_CHECK(cudaGetLastError());
   }
   if (!gather_x) return;
   constexpr int kWarpsPerBlock = 8;
   launch_kernel(pdl, gather_rows_kernel, (entries + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, 0, stream,
       static_cast<const uint4*>(x), buffers.sorted_tokens, buffers.expert_offsets, experts, hidden / 8,
       static_cast<uint4*>(buffers.sorted_x));
-  HMOE_CUDA_CHECK(cudaGetLastError());
 }
 
 void prepare() {

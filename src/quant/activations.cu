@@ -144,7 +144,6 @@ void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const
         const long long max_quads = static_cast<long long>(rows.amax_rows > 0 ? rows.amax_rows : rows.max_rows) * rows.cols / 4;
         const int blocks = static_cast<int>(std::clamp<long long>((max_quads + kThreads * 8 - 1) / (kThreads * 8), 1, 1056));
         launch_kernel(pdl, amax_kernel, blocks, kThreads, 0, stream, source, rows.amax_rows, rows.num_rows, rows.cols, scales + 1);
-        HMOE_CUDA_CHECK(cudaGetLastError());
       }
       launch_kernel(pdl, quantize_rows_kernel<Granularity::kTensor>, rows.max_rows, kThreads, 0, stream,
           source, rows.source_row, rows.num_rows, rows.cols, ue8m0, static_scale, out, scales);
@@ -152,7 +151,6 @@ void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const
     case QuantScheme::kNone:
       throw Error("hmoe: internal error: FP8 quantisation requested for a bf16 layer");
   }
-  HMOE_CUDA_CHECK(cudaGetLastError());
 }
 
 void prepare() {

@@ -249,7 +249,6 @@ void launch_for(const MoeSpec& spec, const Logit* logits, const float* correctio
         logits, correction_bias, num_tokens, spec.num_experts, spec.top_k, routing.num_groups,
         routing.topk_groups, routing.routed_scaling_factor, topk_ids, topk_weights);
   }
-  HMOE_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename Logit>
