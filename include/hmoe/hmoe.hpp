@@ -236,7 +236,7 @@ class MoeRunner {
   void prepare_kernels() const;
   void warm_up() const;
   void run_experts(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights, int num_sms,
-                   cudaStream_t stream) const;
+                   cudaStream_t stream, const void* router_logits = nullptr) const;
   bool skips(StageBit stage) const { return (options_.skip_stages & stage) != 0; }
   // The launches of a checked call, eagerly or into a capture (PlanOptions::replay_graphs).
   void enqueue_from_logits(const RunArgs& args, const void* router_logits, cudaStream_t stream) const;

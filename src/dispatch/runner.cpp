@@ -147,6 +147,7 @@ MoeRunner::MoeRunner(const MoeSpec& spec, const PlanOptions& options) : spec_(sp
 void MoeRunner::prepare_kernels() const {
   routing::prepare(spec_);
   permute::prepare();
+  permute::prepare_route_permute(spec_);
   if (spec_.weight_dtype == WeightDType::kFP8E4M3) quant::prepare();
   combine::prepare();
   gemm::prepare_tensor_maps();
@@ -355,10 +356,7 @@ void MoeRunner::enqueue_from_logits(const RunArgs& args, const void* router_logi
     chunk.out = at<void>(args.out, static_cast<std::size_t>(first) * row_bytes);
     const void* chunk_logits =
         advance(router_logits, static_cast<std::size_t>(first) * spec_.num_experts * logit_bytes);
-    if (!skips(kStageRouting))
-      routing::launch_topk(spec_, chunk_logits, args.weights.correction_bias, chunk.num_tokens, topk_ids,
-                           topk_weights, stream);
-    run_experts(chunk, topk_ids, topk_weights, sms, stream);
+    run_experts(chunk, topk_ids, topk_weights, sms, stream, chunk_logits);
   }
 }
 
@@ -400,9 +398,11 @@ void MoeRunner::enqueue_from_topk(const RunArgs& args, const std::int32_t* topk_
   }
 }
 
-// One chunk (the whole run when unchunked): permute → GEMM1 → GEMM2 → combine, with its own plan.
+// One chunk (the whole run when unchunked): [routing →] permute → GEMM1 → GEMM2 → combine, with its
+// own plan. With router_logits the routing stage runs first and writes topk_ids / topk_weights
+// (workspace pointers then).
 void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights,
-                            int num_sms, cudaStream_t stream) const {
+                            int num_sms, cudaStream_t stream, const void* router_logits) const {
   const int tokens = args.num_tokens;
   const int entries = tokens * spec_.top_k;
   const dispatch::WorkspaceLayout layout = dispatch::workspace_layout(spec_, chunk_tokens_);
@@ -435,9 +435,22 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
     buffers.split_counters = split_counters;
     buffers.split_counter_count = gemm::kSplitCounters;
   }
-  if (!skips(kStagePermute))
-    permute::launch_permute(topk_ids, topk_weights, args.x, tokens, spec_.top_k, spec_.num_experts, spec_.hidden,
-                            plan.token_tile, !gemm_gathers && !fp8, buffers, args.invalid_id_count, stream, pdl);
+  const bool gather_x = !gemm_gathers && !fp8;
+  if (router_logits != nullptr && !gather_x && permute::route_permute_applies(spec_, tokens) &&
+      !skips(kStageRouting) && !skips(kStagePermute)) {
+    // Decode sizes: routing and permute in one launch (the routing stage's bits, one kernel fewer).
+    permute::launch_route_permute(spec_, router_logits, args.weights.correction_bias, tokens,
+                                  at<int>(args.workspace, layout.topk_ids), at<float>(args.workspace, layout.topk_weights),
+                                  plan.token_tile, buffers, args.invalid_id_count, stream);
+  } else {
+    if (router_logits != nullptr && !skips(kStageRouting))
+      routing::launch_topk(spec_, router_logits, args.weights.correction_bias, tokens,
+                           at<int>(args.workspace, layout.topk_ids), at<float>(args.workspace, layout.topk_weights),
+                           stream);
+    if (!skips(kStagePermute))
+      permute::launch_permute(topk_ids, topk_weights, args.x, tokens, spec_.top_k, spec_.num_experts, spec_.hidden,
+                              plan.token_tile, gather_x, buffers, args.invalid_id_count, stream, pdl);
+  }
   void* sorted_rows = buffers.sorted_x;
   // The valid expert-sorted rows: (token, slot) pairs with an id in [0, E).
   const int* valid_rows = buffers.expert_offsets + spec_.num_experts;

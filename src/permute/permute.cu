@@ -1,16 +1,13 @@
 // Counting sort of (token, slot) pairs by expert. Counts and positions use atomics: the order of
 // rows inside one expert may differ between runs, but every row is computed independently and the
 // combine sums each token's slots in slot order, so outputs are bit-identical run to run.
-#include <cub/block/block_scan.cuh>
-
 #include "common/cuda_check.hpp"
 #include "common/launch.cuh"
 #include "permute/permute.hpp"
+#include "permute/single_block.cuh"
 
 namespace hmoe::permute {
 namespace {
-
-constexpr int kScanThreads = 1024;
 
 __global__ void count_experts_kernel(const int* __restrict__ topk_ids, int entries, int experts,
                                      int* __restrict__ expert_counts, int* __restrict__ invalid_id_count) {
@@ -32,41 +29,6 @@ __global__ void count_experts_kernel(const int* __restrict__ topk_ids, int entri
     if (block_counts[e] != 0) atomicAdd(&expert_counts[e], block_counts[e]);
 }
 
-// Called by all kScanThreads threads of one block, thread e holding expert e's token count:
-// expert offsets (exclusive scan of the counts), then the tile list, filled cooperatively so that
-// one expert holding every token does not serialise on one thread. Returns expert e's first row.
-__device__ int plan_tiles(int count, int experts, int token_tile, int* __restrict__ expert_offsets,
-                          int* __restrict__ num_tiles, TokenTile* __restrict__ tiles) {
-  using Scan = cub::BlockScan<int, kScanThreads>;
-  __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ int tile_offsets[kScanThreads];
-  __shared__ int row_offsets[kScanThreads];
-  const int e = threadIdx.x;
-  int row_offset = 0, total_rows = 0;
-  Scan(scan_storage).ExclusiveSum(count, row_offset, total_rows);
-  __syncthreads();
-  int tile_offset = 0, total_tiles = 0;
-  Scan(scan_storage).ExclusiveSum((count + token_tile - 1) / token_tile, tile_offset, total_tiles);
-  row_offsets[e] = row_offset;
-  tile_offsets[e] = tile_offset;
-  if (e == 0) *num_tiles = total_tiles;
-  if (e < experts) expert_offsets[e] = row_offset;
-  if (e == 0) expert_offsets[experts] = total_rows;
-  __syncthreads();
-  for (int tile = threadIdx.x; tile < total_tiles; tile += blockDim.x) {
-    // The expert owning this tile: the last e with tile_offsets[e] <= tile (binary search).
-    int low = 0, high = experts - 1;
-    while (low < high) {
-      const int mid = (low + high + 1) / 2;
-      if (tile_offsets[mid] <= tile) low = mid; else high = mid - 1;
-    }
-    const int expert_end = low + 1 < experts ? row_offsets[low + 1] : total_rows;
-    const int begin = row_offsets[low] + (tile - tile_offsets[low]) * token_tile;
-    tiles[tile] = TokenTile{low, begin, min(begin + token_tile, expert_end), 0};
-  }
-  return row_offset;
-}
-
 __global__ void __launch_bounds__(kScanThreads) build_work_list_kernel(
     const int* __restrict__ expert_counts, int experts, int token_tile, int* __restrict__ expert_cursor,
     int* __restrict__ expert_offsets, int* __restrict__ num_tiles, TokenTile* __restrict__ tiles) {
@@ -85,32 +47,8 @@ __global__ void __launch_bounds__(kScanThreads) permute_single_block_kernel(
     int* __restrict__ slot_rows, float* __restrict__ row_weights, int* __restrict__ sorted_tokens,
     int* __restrict__ invalid_id_count, int* __restrict__ split_counters, int split_counter_count) {
   pdl_start();
-  __shared__ int counts[kScanThreads];
-  counts[threadIdx.x] = 0;
-  for (int i = threadIdx.x; i < split_counter_count; i += kScanThreads) split_counters[i] = 0;
-  __syncthreads();
-  int invalid = 0;
-  for (int i = threadIdx.x; i < entries; i += kScanThreads) {
-    const int expert = topk_ids[i];
-    if (expert >= 0 && expert < experts) atomicAdd(&counts[expert], 1); else ++invalid;
-  }
-  if (invalid != 0 && invalid_id_count != nullptr) atomicAdd(invalid_id_count, invalid);
-  __syncthreads();
-  const int row_offset = plan_tiles(counts[threadIdx.x], experts, token_tile, expert_offsets, num_tiles, tiles);
-  __syncthreads();
-  counts[threadIdx.x] = row_offset;   // from here on: each expert's next free row
-  __syncthreads();
-  for (int entry = threadIdx.x; entry < entries; entry += kScanThreads) {
-    const int expert = topk_ids[entry];
-    if (expert < 0 || expert >= experts) {
-      slot_rows[entry] = -1;
-      continue;
-    }
-    const int row = atomicAdd(&counts[expert], 1);
-    slot_rows[entry] = row;
-    row_weights[row] = topk_weights[entry];
-    sorted_tokens[row] = entry / top_k;
-  }
+  permute_block(topk_ids, topk_weights, entries, top_k, experts, token_tile, expert_offsets, num_tiles, tiles,
+                slot_rows, row_weights, sorted_tokens, invalid_id_count, split_counters, split_counter_count);
 }
 
 // One thread per (token, slot): claim a row of its expert and record which token fills it.

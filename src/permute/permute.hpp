@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "hmoe/hmoe.hpp"
 #include "permute/work_list.hpp"
 
 namespace hmoe::permute {
@@ -34,6 +35,18 @@ inline constexpr int kSingleBlockEntries = 8192;
 void launch_permute(const int* topk_ids, const float* topk_weights, const void* x, int num_tokens, int top_k,
                     int experts, int hidden, int token_tile, bool gather_x, const PermuteBuffers& buffers,
                     int* invalid_id_count, cudaStream_t stream, bool pdl = false);
+
+// Decode sizes: the routing stage (from logits) and this stage in one kernel of one block, one launch
+// fewer (route_permute.cu). Writes topk_ids / topk_weights [T, k] as routing::launch_topk would, then
+// everything launch_permute does but the x gather (callers that need it use launch_permute).
+inline constexpr int kRoutePermuteTokens = 16;    // one routing warp per token; their shared memory
+inline constexpr int kRoutePermuteExperts = 256;  // fits the 48 KB of a block's static shared memory
+bool route_permute_applies(const MoeSpec& spec, int num_tokens);
+void launch_route_permute(const MoeSpec& spec, const void* logits, const float* correction_bias, int num_tokens,
+                          int* topk_ids, float* topk_weights, int token_tile, const PermuteBuffers& buffers,
+                          int* invalid_id_count, cudaStream_t stream);
+// Loads the fused kernel this spec would use (module loading is lazy); nothing when it never applies.
+void prepare_route_permute(const MoeSpec& spec);
 
 // Loads the stage's kernels (module loading is lazy), so the first run costs what later runs do.
 void prepare();

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "gpu_test_support.hpp"
+#include "permute/permute.hpp"
+#include "routing/routing.hpp"
 #include "testkit/check.hpp"
 
 namespace hmoe::test {
@@ -134,6 +136,43 @@ TEST(RunnerContract, OutputsAreBitIdenticalAcrossRuns) {
       }
       EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].size() * sizeof(std::uint16_t)), 0)
           << preset_name << " " << testkit::to_string(routing) << ": two runs of the same inputs differ";
+    }
+  }
+}
+
+// At decode sizes run_from_logits routes and permutes in one kernel (permute/route_permute.cu); it
+// must give the bits of the routing kernel followed by the permute stage: run_from_logits against
+// routing::launch_topk into separate buffers and run_from_topk on them, every preset (softmax and
+// grouped routing), T = 1, 7, 16 (fused where E ≤ 256) and 17 (two kernels on both sides).
+TEST(RunnerContract, FusedRoutingPermuteGivesTheTwoKernelsBits) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  for (const std::string& preset_name : preset_names()) {
+    const testkit::LayerWeights& weights = cached_weights(preset_name);
+    const MoeSpec& spec = weights.spec;
+    for (int tokens : {1, 7, 16, 17}) {
+      const std::string context = preset_name + " T=" + std::to_string(tokens);
+      EXPECT_EQ(permute::route_permute_applies(spec, tokens), tokens <= 16 && spec.num_experts <= 256) << context;
+      const testkit::Stream stream;
+      const testkit::LayerInputs inputs =
+          testkit::make_layer_inputs(weights, tokens, Entry::kLogits, {RoutingMode::kZipf, 1, 4}, stream.get());
+      const Harness harness(weights, tokens);
+      const RunArgs args = harness.args(weights, inputs);
+      testkit::poison_bf16(harness.out.get(), harness.out_count, stream.get());
+      harness.runner.run_from_logits(args, inputs.router_logits.get(), stream.get());
+      stream.synchronize();
+      const std::vector<std::uint16_t> from_logits = harness.out_host(stream.get());
+
+      const std::size_t slots = static_cast<std::size_t>(tokens) * spec.top_k;
+      const DeviceBuffer ids(slots * sizeof(std::int32_t)), routing_weights(slots * sizeof(float));
+      routing::launch_topk(spec, inputs.router_logits.get(), args.weights.correction_bias, tokens,
+                           static_cast<int*>(ids.get()), static_cast<float*>(routing_weights.get()), stream.get());
+      testkit::poison_bf16(harness.out.get(), harness.out_count, stream.get());
+      harness.runner.run_from_topk(args, static_cast<const std::int32_t*>(ids.get()),
+                                   static_cast<const float*>(routing_weights.get()), stream.get());
+      stream.synchronize();
+      const std::vector<std::uint16_t> from_topk = harness.out_host(stream.get());
+      EXPECT_EQ(std::memcmp(from_logits.data(), from_topk.data(), from_logits.size() * sizeof(std::uint16_t)), 0)
+          << context << ": the fused routing + permute path and the two kernels give different outputs";
     }
   }
 }
