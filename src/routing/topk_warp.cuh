@@ -123,6 +123,16 @@ __device__ void grouped_topk_token(const Logit* __restrict__ row, const float* _
   // by the run-time group size is ~20 dependent instructions; 64 of them for deepseek-v3's 256
   // experts in 8 groups): −1.5 to −2 µs of deepseek-v3's T = 1 layer on H200 (docs/PERF.md).
   int group_of[kPerLane];
+  // Every logit and bias load is issued before the first sigmoid: the compiler does not move loads
+  // across the division's slow path, so loading inside the loop below made kPerLane dependent
+  // round trips to memory (2 × 8 for deepseek-v3). Same arithmetic, same bits.
+  float logit[kPerLane], bias[kPerLane];
+  #pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int expert = i * 32 + lane;
+    logit[i] = expert < experts ? load_logit(row, expert) : 0.0f;
+    bias[i] = expert < experts && correction_bias != nullptr ? correction_bias[expert] : 0.0f;
+  }
   unsigned valid = 0;
   #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
@@ -132,8 +142,8 @@ __device__ void grouped_topk_token(const Logit* __restrict__ row, const float* _
     choice[i] = -INFINITY;
     if (expert < experts) {
       valid |= 1u << i;
-      sigmoid[i] = 1.0f / (1.0f + __expf(-load_logit(row, expert)));
-      choice[i] = sigmoid[i] + (correction_bias != nullptr ? correction_bias[expert] : 0.0f);
+      sigmoid[i] = 1.0f / (1.0f + __expf(-logit[i]));
+      choice[i] = sigmoid[i] + bias[i];
     }
   }
 
