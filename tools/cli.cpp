@@ -144,6 +144,7 @@ void apply_dtype(const std::string& dtype, MoeSpec& spec) {
 }
 
 std::string plan_summary(const PlanInfo& plan) {
+  if (plan.fused_decode) return "fused layer";
   std::string summary =
       to_string(plan.orientation) + " " + std::to_string(plan.weight_tile) + "x" + std::to_string(plan.token_tile);
   if (plan.gemm1_splits > 1 || plan.gemm2_splits > 1)

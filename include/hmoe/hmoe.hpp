@@ -162,13 +162,21 @@ struct PlanOptions {
   // Internal (`hmoe bench --skip`): leave these stages (StageBit) out of every run, to attribute a
   // layer's time to its stages. The output is then WRONG; every stage a skipped one would have fed
   // reads what the last full run left in the workspace, so run the layer once without skipping on
-  // the same workspace and T first (the bench does) or the skipped stages' inputs are garbage.
+  // the same workspace and T first, with fused_decode off (the bench does), or the skipped stages'
+  // inputs are garbage.
   std::uint32_t skip_stages = 0;
   // Internal (`hmoe bench/check --split-k`, tests): how many ways the Swap-AB GEMMs split K over
   // CTAs at decode sizes (docs/DISPATCH.md, "Split along K"). 0: hmoe's rule; 1: never; n > 1: n
   // ways wherever a Swap-AB variant runs, capped by K (8+ K blocks a split) and the workspace.
   // Batch-invariant layers never split (the sum order would depend on T).
   int split_k = 0;
+  // Opt-in: run T ≤ 4 as one fused kernel where it applies (docs/DISPATCH.md, "Fused decode layer";
+  // PlanInfo::fused_decode says when). On H200 it is faster than the unfused kernels only for some
+  // layers at T = 1 (deepseek-v3-tp8 bf16: −7%) and slower at T = 2…4 (docs/PERF.md), hence off by
+  // default. Runners that force an orientation or a variant, skip stages, set split_k or are
+  // batch-invariant never fuse. HMOE_FUSED_DECODE=1 / =0 in the environment turns it on / off for
+  // every runner, overriding this field (A/B timing).
+  bool fused_decode = false;
 };
 
 struct RunArgs {
@@ -201,6 +209,9 @@ struct PlanInfo {
   int gemm2_splits = 1;                  // the same for GEMM2
   // Who chose the variant: "analytic", "tuned:<table file>", "forced" or "batch-invariant".
   std::string source;
+  // The whole layer runs as one kernel (docs/DISPATCH.md, "Fused decode layer"): gemm1_kernel
+  // names it, gemm2_kernel is empty, and the tile fields above are the unfused plan's.
+  bool fused_decode = false;
 };
 
 namespace dispatch {
@@ -238,6 +249,8 @@ class MoeRunner {
   void run_experts(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights, int num_sms,
                    cudaStream_t stream, const void* router_logits = nullptr) const;
   bool skips(StageBit stage) const { return (options_.skip_stages & stage) != 0; }
+  // Whether a run (chunk) of num_tokens tokens is one fused decode kernel.
+  bool fused_decode(int num_tokens) const;
   // The launches of a checked call, eagerly or into a capture (PlanOptions::replay_graphs).
   void enqueue_from_logits(const RunArgs& args, const void* router_logits, cudaStream_t stream) const;
   void enqueue_from_topk(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights,

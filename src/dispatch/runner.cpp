@@ -2,6 +2,8 @@
 // routing → permute → GEMM1 (SwiGLU) → GEMM2 (× routing weight) → combine on the caller's stream.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -9,6 +11,7 @@
 #include "combine/combine.hpp"
 #include "common/arguments.hpp"
 #include "common/cuda_check.hpp"
+#include "decode/decode_layer.hpp"
 #include "dispatch/graph_cache.hpp"
 #include "dispatch/plan.hpp"
 #include "gemm/tensor_map.hpp"
@@ -148,6 +151,7 @@ void MoeRunner::prepare_kernels() const {
   routing::prepare(spec_);
   permute::prepare();
   permute::prepare_route_permute(spec_);
+  if (fused_decode(1)) decode::prepare(spec_);   // applies at no T when not at T = 1
   if (spec_.weight_dtype == WeightDType::kFP8E4M3) quant::prepare();
   combine::prepare();
   gemm::prepare_tensor_maps();
@@ -260,6 +264,20 @@ void MoeRunner::warm_up() const {
   routing::launch_topk(small, logits, nullptr, tokens, at<int>(args.workspace, layout.topk_ids),
                        at<float>(args.workspace, layout.topk_weights), scratch.get());
   runner.run_from_topk(args, topk_ids, topk_weights, scratch.get());
+  if (fused_decode(1)) {
+    // This layer's T = 1 runs the fused decode kernel: once on the small copy too, on every SM.
+    decode::DecodeLaunch fused;
+    fused.num_tokens = 1;
+    fused.topk_ids = topk_ids;
+    fused.topk_weights = topk_weights;
+    fused.x = args.x;
+    fused.out = args.out;
+    fused.weights = args.weights;
+    fused.act_scale = args.act_scale;
+    fused.intermediate_act_scale = args.intermediate_act_scale;
+    fused.intermediate = at<void>(args.workspace, layout.intermediate);
+    decode::launch(small, fused, std::max(num_sms_, 1), scratch.get());
+  }
   HMOE_CUDA_CHECK(cudaStreamSynchronize(scratch.get()));
 }
 
@@ -283,6 +301,12 @@ PlanInfo MoeRunner::plan_info(int num_tokens) const {
   const LayerSplits splits = layer_splits(spec_, options_, plan, max_tiles, num_sms_);
   info.gemm1_splits = splits.gemm1;
   info.gemm2_splits = splits.gemm2;
+  if (fused_decode(std::min(tokens, chunk_tokens_))) {
+    info.fused_decode = true;
+    info.gemm1_kernel = decode::kernel_name(spec_);
+    info.gemm2_kernel.clear();
+    info.gemm1_splits = info.gemm2_splits = 1;
+  }
   return info;
 }
 
@@ -398,12 +422,44 @@ void MoeRunner::enqueue_from_topk(const RunArgs& args, const std::int32_t* topk_
   }
 }
 
+bool MoeRunner::fused_decode(int num_tokens) const {
+  // HMOE_FUSED_DECODE=1 / =0 in the environment overrides PlanOptions::fused_decode (read once per
+  // process), for A/B timing: -1 when unset.
+  static const int from_environment = [] {
+    const char* value = std::getenv("HMOE_FUSED_DECODE");
+    return value == nullptr ? -1 : std::strcmp(value, "0") != 0 ? 1 : 0;
+  }();
+  const bool wanted = from_environment < 0 ? options_.fused_decode : from_environment == 1;
+  // Anything that asks for particular GEMMs, stages or splits runs the kernels it names.
+  return wanted && !spec_.batch_invariant && options_.skip_stages == 0 && options_.orientation == Orientation::kAuto &&
+         options_.force_variant.empty() && options_.split_k == 0 && decode::applies(spec_, num_tokens);
+}
+
 // One chunk (the whole run when unchunked): [routing →] permute → GEMM1 → GEMM2 → combine, with its
-// own plan. With router_logits the routing stage runs first and writes topk_ids / topk_weights
-// (workspace pointers then).
+// own plan, or the fused decode kernel. With router_logits the routing stage runs first and writes
+// topk_ids / topk_weights (workspace pointers then).
 void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights,
                             int num_sms, cudaStream_t stream, const void* router_logits) const {
   const int tokens = args.num_tokens;
+  if (fused_decode(tokens)) {
+    const dispatch::WorkspaceLayout layout = dispatch::workspace_layout(spec_, chunk_tokens_);
+    decode::DecodeLaunch fused;
+    fused.num_tokens = tokens;
+    fused.router_logits = router_logits;
+    fused.topk_ids = router_logits != nullptr ? nullptr : topk_ids;
+    fused.topk_weights = router_logits != nullptr ? nullptr : topk_weights;
+    fused.routed_ids = at<std::int32_t>(args.workspace, layout.topk_ids);
+    fused.routed_weights = at<float>(args.workspace, layout.topk_weights);
+    fused.x = args.x;
+    fused.out = args.out;
+    fused.weights = args.weights;
+    fused.act_scale = args.act_scale;
+    fused.intermediate_act_scale = args.intermediate_act_scale;
+    fused.intermediate = at<void>(args.workspace, layout.intermediate);
+    fused.invalid_id_count = args.invalid_id_count;
+    decode::launch(spec_, fused, num_sms, stream);
+    return;
+  }
   const int entries = tokens * spec_.top_k;
   const dispatch::WorkspaceLayout layout = dispatch::workspace_layout(spec_, chunk_tokens_);
   const dispatch::Plan plan = dispatch::plan_for(spec_, tokens, options_.orientation, overrides_.get());

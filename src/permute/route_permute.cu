@@ -67,7 +67,6 @@ void launch_for(const void* logits, const float* correction_bias, const RouteArg
                 topk_ids, topk_weights, token_tile, buffers.expert_offsets, buffers.num_tiles, buffers.tiles,
                 buffers.slot_rows, buffers.row_weights, buffers.sorted_tokens, invalid_id_count,
                 buffers.split_counters, buffers.split_counters != nullptr ? buffers.split_counter_count : 0);
-  HMOE_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename Logit, bool kGrouped>

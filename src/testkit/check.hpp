@@ -34,6 +34,7 @@ struct CheckOptions {
   bool batch_invariant = false;         // runs with MoeSpec::batch_invariant set
   bool static_act_scales = false;       // fp8-tensor: static activation scales instead of dynamic ones
   int split_k = 0;                      // PlanOptions::split_k (0: hmoe's rule)
+  bool fused_decode = false;            // PlanOptions::fused_decode
 };
 
 struct CheckResult {

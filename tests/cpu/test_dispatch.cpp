@@ -595,6 +595,52 @@ TEST(ForcedVariant, RunnerUsesItOrNamesWhatIsWrong) {
   }
 }
 
+// The fused decode layer (src/decode) is opt-in; asked for, it runs T ≤ 4 when its shared memory
+// fits, and never when the caller asks for particular GEMMs, stages, splits or batch invariance.
+TEST(FusedDecode, PlannedExactlyForTheSmallestDecodeSizes) {
+  PlanOptions options;
+  options.max_tokens = 64;
+  if (std::getenv("HMOE_FUSED_DECODE") != nullptr) GTEST_SKIP() << "HMOE_FUSED_DECODE is set: it overrides the plans";
+  EXPECT_FALSE(MoeRunner(preset("qwen3-30b-a3b"), options).plan_info(1).fused_decode) << "off by default";
+  options.fused_decode = true;
+  for (const std::string& name : preset_names()) {
+    const MoeRunner runner(preset(name), options);
+    const PlanInfo one = runner.plan_info(1);
+    EXPECT_TRUE(one.fused_decode) << name;
+    EXPECT_EQ(one.gemm1_kernel, "decode_layer") << name;
+    EXPECT_EQ(one.gemm2_kernel, "") << name;
+    EXPECT_FALSE(runner.plan_info(5).fused_decode) << name;
+    EXPECT_NE(runner.plan_info(5).gemm2_kernel, "") << name;
+  }
+  // Shared memory: mixtral's I = 14336 fits T = 1 only (2 slots × I fp32), qwen3 every T ≤ 4.
+  EXPECT_FALSE(MoeRunner(preset("mixtral-8x7b"), options).plan_info(2).fused_decode);
+  EXPECT_TRUE(MoeRunner(preset("qwen3-30b-a3b"), options).plan_info(4).fused_decode);
+  MoeSpec fp8 = preset("deepseek-v3-tp8");
+  fp8.weight_dtype = WeightDType::kFP8E4M3;
+  fp8.scheme = QuantScheme::kBlock128;
+  EXPECT_EQ(MoeRunner(fp8, options).plan_info(1).gemm1_kernel, "decode_layer_fp8block");
+
+  const MoeSpec qwen3 = preset("qwen3-30b-a3b");
+  PlanOptions normal = options;
+  normal.orientation = Orientation::kNormal;
+  EXPECT_FALSE(MoeRunner(qwen3, normal).plan_info(1).fused_decode);
+  PlanOptions forced = options;
+  forced.force_variant = "swiglu_swap_t8_w64_gather+weighted_swap_t8_w64";
+  EXPECT_FALSE(MoeRunner(qwen3, forced).plan_info(1).fused_decode);
+  PlanOptions skipping = options;
+  skipping.skip_stages = kStageCombine;
+  EXPECT_FALSE(MoeRunner(qwen3, skipping).plan_info(1).fused_decode);
+  PlanOptions split = options;
+  split.split_k = 1;
+  EXPECT_FALSE(MoeRunner(qwen3, split).plan_info(1).fused_decode);
+  MoeSpec invariant = qwen3;
+  invariant.batch_invariant = true;
+  EXPECT_FALSE(MoeRunner(invariant, options).plan_info(1).fused_decode);
+  PlanOptions off = options;
+  off.fused_decode = false;
+  EXPECT_FALSE(MoeRunner(qwen3, off).plan_info(1).fused_decode);
+}
+
 // ---- CLI and the binary ---------------------------------------------------------------------------
 
 TEST(KernelList, InfoKernelsMatchesCompiledKernels) {

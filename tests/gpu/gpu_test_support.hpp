@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "testkit/cuda_handles.hpp"
 #include "testkit/device.hpp"
@@ -32,6 +33,23 @@ inline const testkit::LayerWeights& cached_weights(const std::string& preset_nam
     const testkit::Stream stream;
     entry = std::make_unique<testkit::LayerWeights>(
         testkit::make_layer_weights(preset(preset_name), kWeightSeed, /*keep_host_copy=*/true, stream.get()));
+  }
+  return *entry;
+}
+
+// FP8 weights (the preset with this scheme) with host copies, generated once per (preset, scheme,
+// static activation scales) for the whole test binary.
+inline const testkit::LayerWeights& cached_fp8_weights(const std::string& preset_name, QuantScheme scheme,
+                                                       bool static_scales = false) {
+  static std::map<std::tuple<std::string, int, bool>, std::unique_ptr<testkit::LayerWeights>> cache;
+  std::unique_ptr<testkit::LayerWeights>& entry = cache[{preset_name, static_cast<int>(scheme), static_scales}];
+  if (!entry) {
+    MoeSpec spec = preset(preset_name);
+    spec.weight_dtype = WeightDType::kFP8E4M3;
+    spec.scheme = scheme;
+    const testkit::Stream stream;
+    entry = std::make_unique<testkit::LayerWeights>(
+        testkit::make_layer_weights(spec, kWeightSeed, /*keep_host_copy=*/true, stream.get(), static_scales));
   }
   return *entry;
 }

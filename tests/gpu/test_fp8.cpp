@@ -31,19 +31,6 @@ MoeSpec fp8_spec(const std::string& preset_name, QuantScheme scheme, bool ue8m0 
   return spec;
 }
 
-// FP8 weights with host copies, generated once per (preset, scheme, static scales).
-const testkit::LayerWeights& cached_fp8_weights(const std::string& preset_name, QuantScheme scheme,
-                                                bool static_scales = false) {
-  static std::map<std::tuple<std::string, int, bool>, std::unique_ptr<testkit::LayerWeights>> cache;
-  auto& entry = cache[{preset_name, static_cast<int>(scheme), static_scales}];
-  if (!entry) {
-    const testkit::Stream stream;
-    entry = std::make_unique<testkit::LayerWeights>(testkit::make_layer_weights(
-        fp8_spec(preset_name, scheme), kWeightSeed, /*keep_host_copy=*/true, stream.get(), static_scales));
-  }
-  return *entry;
-}
-
 std::string describe(const testkit::CheckResult& result) {
   return "plan " + to_string(result.plan.orientation) + " " + std::to_string(result.plan.weight_tile) + "x" +
          std::to_string(result.plan.token_tile) + " (" + result.plan.gemm1_kernel + ") rel_err " +
@@ -251,7 +238,7 @@ TEST(Fp8EdgeValues, SaturationAndAllZeroRows) {
 // Captures run_from_logits once per T, then replays it on two fresh input sets and checks each
 // against the reference: the captured FP8 quantisation passes see the new values.
 void expect_graph_replays_match(const testkit::LayerWeights& weights, const std::vector<int>& token_counts,
-                                const std::string& label) {
+                                const std::string& label, bool fused_decode = false) {
   const MoeSpec& spec = weights.spec;
   for (int num_tokens : token_counts) {
     const testkit::Stream stream;
@@ -259,7 +246,9 @@ void expect_graph_replays_match(const testkit::LayerWeights& weights, const std:
         testkit::make_layer_inputs(weights, num_tokens, Entry::kLogits, {RoutingMode::kUniform, 1, 5}, stream.get());
     PlanOptions plan_options;
     plan_options.max_tokens = num_tokens;
+    plan_options.fused_decode = fused_decode;
     const MoeRunner runner(spec, plan_options);
+    if (fused_decode) EXPECT_TRUE(runner.plan_info(num_tokens).fused_decode) << label << " T=" << num_tokens;
     testkit::DeviceBuffer workspace(runner.workspace_bytes());
     const std::size_t count = static_cast<std::size_t>(num_tokens) * spec.hidden;
     testkit::DeviceBuffer out(count * 2);
@@ -305,6 +294,14 @@ TEST(Graphs, EveryTOfTheBenchSweepBf16AndFp8) {
   const std::vector<int> sweep = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
   expect_graph_replays_match(cached_weights("qwen3-30b-a3b"), sweep, "qwen3-30b-a3b bf16");
   expect_graph_replays_match(cached_fp8_weights("qwen3-30b-a3b", QuantScheme::kBlock128), sweep, "qwen3-30b-a3b fp8-block");
+}
+
+// The fused decode layer (PlanOptions::fused_decode, one cooperative kernel) captured and replayed.
+TEST(Graphs, FusedDecodeLayerReplaysWithNewInputs) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  expect_graph_replays_match(cached_weights("qwen3-30b-a3b"), {1, 4}, "qwen3-30b-a3b bf16 fused", true);
+  expect_graph_replays_match(cached_fp8_weights("deepseek-v3-tp8", QuantScheme::kBlock128), {1, 3}, "fp8-block fused",
+                             true);
 }
 
 }  // namespace

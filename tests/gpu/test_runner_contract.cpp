@@ -26,11 +26,17 @@ using testkit::RoutingMode;
 // A runner planned for max_tokens with its workspace and one poisoned-able output.
 struct Harness {
   Harness(const testkit::LayerWeights& weights, int max_tokens, Orientation orientation = Orientation::kAuto,
-          bool replay_graphs = false)
-      : runner(weights.spec, PlanOptions{max_tokens, orientation, 0, "", replay_graphs}),
+          bool replay_graphs = false, bool fused_decode = true)
+      : runner(weights.spec, plan_options(max_tokens, orientation, replay_graphs, fused_decode)),
         workspace(runner.workspace_bytes()),
         out_count(static_cast<std::size_t>(max_tokens) * weights.spec.hidden),
         out(out_count * sizeof(std::uint16_t)) {}
+
+  static PlanOptions plan_options(int max_tokens, Orientation orientation, bool replay_graphs, bool fused_decode) {
+    PlanOptions options{max_tokens, orientation, 0, "", replay_graphs};
+    options.fused_decode = fused_decode;
+    return options;
+  }
 
   RunArgs args(const testkit::LayerWeights& weights, const testkit::LayerInputs& inputs) const {
     RunArgs run_args = testkit::run_args(weights, inputs, out.get());
@@ -256,7 +262,8 @@ TEST(RunnerContract, SkippedStagesLaunchNothingAndReuseTheWorkspace) {
   for (int num_tokens : {1, 300}) {
     const testkit::LayerInputs inputs =
         testkit::make_layer_inputs(weights, num_tokens, Entry::kLogits, {}, stream.get());
-    const Harness full(weights, num_tokens);
+    // Skipping runners run the unfused kernels, so the full run that fills their inputs does too.
+    const Harness full(weights, num_tokens, Orientation::kAuto, false, /*fused_decode=*/false);
     const RunArgs args = full.args(weights, inputs);
     testkit::run_layer(full.runner, args, inputs, stream.get());
     stream.synchronize();
