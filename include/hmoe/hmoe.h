@@ -41,6 +41,8 @@ typedef struct hmoe_plan_options {
                                     launch per kernel); 0: launch the kernels every call */
   int no_warm_up;                /* 1: no plan-time warm-up (PlanOptions::warm_up off: the call creating
                                     the runner launches nothing); 0: warm up (the default) */
+  int fused_decode;              /* 1: run T <= 4 as one fused kernel where it applies
+                                    (PlanOptions::fused_decode, opt-in); 0: the unfused kernels (the default) */
 } hmoe_plan_options;
 
 typedef struct hmoe_run_args {

@@ -214,10 +214,12 @@ TEST(CApi, PlanOptionsCapTheWorkspaceCarryBatchInvarianceAndSwitches) {
   EXPECT_EQ(hmoe_runner_create_with_options(&spec, nullptr, &capped), HMOE_INVALID_ARGUMENT);
   EXPECT_NE(std::string(hmoe_last_error()).find("options is null"), std::string::npos) << hmoe_last_error();
 
-  // Graph replay and the warm-up switch reach the C++ options; values other than 0 and 1 are refused.
+  // Graph replay, the warm-up and the fused decode switches reach the C++ options; values other than
+  // 0 and 1 are refused.
   options.orientation = 0;
   options.replay_graphs = 1;
   options.no_warm_up = 1;
+  options.fused_decode = 1;
   ASSERT_EQ(hmoe_runner_create_with_options(&spec, &options, &capped), HMOE_OK) << hmoe_last_error();
   hmoe_runner_destroy(capped);
   options.replay_graphs = 2;
@@ -228,6 +230,11 @@ TEST(CApi, PlanOptionsCapTheWorkspaceCarryBatchInvarianceAndSwitches) {
   options.no_warm_up = -1;
   EXPECT_EQ(hmoe_runner_create_with_options(&spec, &options, &capped), HMOE_INVALID_ARGUMENT);
   EXPECT_NE(std::string(hmoe_last_error()).find("hmoe_plan_options.no_warm_up = -1"), std::string::npos)
+      << hmoe_last_error();
+  options.no_warm_up = 0;
+  options.fused_decode = 2;
+  EXPECT_EQ(hmoe_runner_create_with_options(&spec, &options, &capped), HMOE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hmoe_last_error()).find("hmoe_plan_options.fused_decode = 2"), std::string::npos)
       << hmoe_last_error();
 }
 
