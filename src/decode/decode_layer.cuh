@@ -99,6 +99,16 @@ __device__ __forceinline__ long long swizzled(long long quad) {
   return quad ^ ((quad >> 3) & (kQuads - 1));
 }
 
+// Stores bf16 vector v (8 values) of a row-major bf16 matrix as fp32 into shared memory: float4s
+// 2v and 2v + 1, permuted as swizzled() says.
+template <int kQuads>
+__device__ __forceinline__ void stage_bf16_vector(float4* act, long long v, const uint4& w) {
+  act[swizzled<kQuads>(2 * v)] = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
+                                             __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
+  act[swizzled<kQuads>(2 * v + 1)] = make_float4(__uint_as_float(w.z << 16), __uint_as_float(w.z & 0xffff0000u),
+                                                 __uint_as_float(w.w << 16), __uint_as_float(w.w & 0xffff0000u));
+}
+
 // Σ of one 16-byte weight vector times the activations of its columns, float4s [quad, quad + kQuads).
 __device__ __forceinline__ float dot_vector(const uint4& w, const float4* act, long long quad, Traits<Scheme::kBf16>) {
   const float4 a = act[swizzled<2>(quad)];
@@ -282,12 +292,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(KernelArgs a)
   } else {
     const int vectors = tokens * hidden / 8;
     for (int v = threadIdx.x - kTokens * 32; v < vectors; v += kThreads - kTokens * 32) {
-      const uint4 w = __ldg(reinterpret_cast<const uint4*>(a.x) + v);
-      float4* to = reinterpret_cast<float4*>(act);
-      to[swizzled<T::kQuads>(2LL * v)] = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16),
-                          __uint_as_float(w.y & 0xffff0000u));
-      to[swizzled<T::kQuads>(2LL * v + 1)] = make_float4(__uint_as_float(w.z << 16), __uint_as_float(w.z & 0xffff0000u),
-                                                          __uint_as_float(w.w << 16), __uint_as_float(w.w & 0xffff0000u));
+      stage_bf16_vector<T::kQuads>(dynamic_shared, v, __ldg(reinterpret_cast<const uint4*>(a.x) + v));
     }
   }
   __syncthreads();
@@ -436,12 +441,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(KernelArgs a)
     for (int v = threadIdx.x; v < vectors; v += kThreads) {
       const int s = v * 8 / inter;
       if (!((valid_slots >> s) & 1u)) continue;
-      const uint4 w = __ldcg(reinterpret_cast<const uint4*>(a.swiglu) + v);
-      float4* to = reinterpret_cast<float4*>(act);
-      to[swizzled<T::kQuads>(2LL * v)] = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
-                                                      __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
-      to[swizzled<T::kQuads>(2LL * v + 1)] = make_float4(__uint_as_float(w.z << 16), __uint_as_float(w.z & 0xffff0000u),
-                                                          __uint_as_float(w.w << 16), __uint_as_float(w.w & 0xffff0000u));
+      stage_bf16_vector<T::kQuads>(dynamic_shared, v, __ldcg(reinterpret_cast<const uint4*>(a.swiglu) + v));
     }
   }
   __syncthreads();

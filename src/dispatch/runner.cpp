@@ -160,6 +160,27 @@ void MoeRunner::prepare_kernels() const {
 
 namespace {
 
+// The fused decode kernel's arguments for one run (chunk): routing from router_logits when given
+// (written out to the workspace's top-k region), else the caller's topk_ids / topk_weights.
+decode::DecodeLaunch fused_launch(const RunArgs& args, const dispatch::WorkspaceLayout& layout,
+                                  const void* router_logits, const std::int32_t* topk_ids, const float* topk_weights) {
+  decode::DecodeLaunch fused;
+  fused.num_tokens = args.num_tokens;
+  fused.router_logits = router_logits;
+  fused.topk_ids = router_logits != nullptr ? nullptr : topk_ids;
+  fused.topk_weights = router_logits != nullptr ? nullptr : topk_weights;
+  fused.routed_ids = at<std::int32_t>(args.workspace, layout.topk_ids);
+  fused.routed_weights = at<float>(args.workspace, layout.topk_weights);
+  fused.x = args.x;
+  fused.out = args.out;
+  fused.weights = args.weights;
+  fused.act_scale = args.act_scale;
+  fused.intermediate_act_scale = args.intermediate_act_scale;
+  fused.intermediate = at<void>(args.workspace, layout.intermediate);
+  fused.invalid_id_count = args.invalid_id_count;
+  return fused;
+}
+
 // Stream-ordered scratch of the plan-time warm-up, freed on its stream (no device-wide sync).
 class ScratchStream {
  public:
@@ -266,17 +287,10 @@ void MoeRunner::warm_up() const {
   runner.run_from_topk(args, topk_ids, topk_weights, scratch.get());
   if (fused_decode(1)) {
     // This layer's T = 1 runs the fused decode kernel: once on the small copy too, on every SM.
-    decode::DecodeLaunch fused;
-    fused.num_tokens = 1;
-    fused.topk_ids = topk_ids;
-    fused.topk_weights = topk_weights;
-    fused.x = args.x;
-    fused.out = args.out;
-    fused.weights = args.weights;
-    fused.act_scale = args.act_scale;
-    fused.intermediate_act_scale = args.intermediate_act_scale;
-    fused.intermediate = at<void>(args.workspace, layout.intermediate);
-    decode::launch(small, fused, std::max(num_sms_, 1), scratch.get());
+    RunArgs one = args;
+    one.num_tokens = 1;
+    decode::launch(small, fused_launch(one, layout, nullptr, topk_ids, topk_weights), std::max(num_sms_, 1),
+                   scratch.get());
   }
   HMOE_CUDA_CHECK(cudaStreamSynchronize(scratch.get()));
 }
@@ -443,21 +457,7 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   const int tokens = args.num_tokens;
   if (fused_decode(tokens)) {
     const dispatch::WorkspaceLayout layout = dispatch::workspace_layout(spec_, chunk_tokens_);
-    decode::DecodeLaunch fused;
-    fused.num_tokens = tokens;
-    fused.router_logits = router_logits;
-    fused.topk_ids = router_logits != nullptr ? nullptr : topk_ids;
-    fused.topk_weights = router_logits != nullptr ? nullptr : topk_weights;
-    fused.routed_ids = at<std::int32_t>(args.workspace, layout.topk_ids);
-    fused.routed_weights = at<float>(args.workspace, layout.topk_weights);
-    fused.x = args.x;
-    fused.out = args.out;
-    fused.weights = args.weights;
-    fused.act_scale = args.act_scale;
-    fused.intermediate_act_scale = args.intermediate_act_scale;
-    fused.intermediate = at<void>(args.workspace, layout.intermediate);
-    fused.invalid_id_count = args.invalid_id_count;
-    decode::launch(spec_, fused, num_sms, stream);
+    decode::launch(spec_, fused_launch(args, layout, router_logits, topk_ids, topk_weights), num_sms, stream);
     return;
   }
   const int entries = tokens * spec_.top_k;
