@@ -262,6 +262,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(KernelArgs a)
   constexpr int kPer = T::kPerVector;
   __shared__ int slot_id[kMaxSlots];
   __shared__ float slot_weight[kMaxSlots];
+  __shared__ int slot_token[kMaxSlots];      // GEMM2: the token of each slot
+  __shared__ float slot_scale[kMaxSlots];    // GEMM2: routing weight × the slot's activation scale (not per group)
   __shared__ int hit_expert[kMaxSlots];
   __shared__ unsigned hit_slots[kMaxSlots];
   __shared__ int hit_count;
@@ -448,9 +450,19 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(KernelArgs a)
   if constexpr (T::kFp8)
     quantize_rows<kScheme>(act, act_scales, slots, inter, a.intermediate_act_scale, a.ue8m0,
                            [valid_slots](int s) { return ((valid_slots >> s) & 1u) != 0; }, scratch);
+  if (threadIdx.x < slots) {
+    const int s = threadIdx.x;
+    float scale = slot_weight[s];
+    if constexpr (kScheme == Scheme::kChannel) scale *= act_scales[s];
+    else if constexpr (kScheme == Scheme::kTensor) scale *= act_scales[0];
+    slot_token[s] = s / top_k;
+    slot_scale[s] = scale;
+  }
+  __syncthreads();
 
   // ---- 6. GEMM2 × routing weight + combine: task = output column n of every token; its steps are
-  // kBatch2 vectors of the hits' w2 rows n, pipelined as in GEMM1.
+  // kBatch2 vectors of the hits' w2 rows n, pipelined as in GEMM1. Lane
+  // vector (hit, v) is tracked by stepping, not dividing; per-slot token and scale come from tables.
   {
     const int vectors = inter / kPer;   // per w2 row
     const int inter_groups = groups_of(inter);
@@ -458,16 +470,26 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(KernelArgs a)
     const int steps_per_task = (per_task + 32 * kBatch2 - 1) / (32 * kBatch2);
     const int my_tasks = global_warp < hidden ? (hidden - global_warp + grid_warps - 1) / grid_warps : 0;
     const int steps = per_task > 0 ? my_tasks * steps_per_task : 0;
+    // The hit and vector of index base + lane (then + 32 per batch entry).
+    const auto first_vector = [&](int base, int& hit, int& v) {
+      hit = (base + lane) / vectors;
+      v = base + lane - hit * vectors;
+    };
+    const auto next_vector = [&](int& hit, int& v) {
+      v += 32;
+      while (v >= vectors) {
+        v -= vectors;
+        ++hit;
+      }
+    };
     const auto load_step = [&](int step, uint4 (&w)[kBatch2]) {
       const int n = global_warp + (step / steps_per_task) * grid_warps;
-      const int base = (step % steps_per_task) * 32 * kBatch2;
+      int hit, v;
+      first_vector((step % steps_per_task) * 32 * kBatch2, hit, v);
       #pragma unroll
       for (int b = 0; b < kBatch2; ++b) {
-        const int index = base + b * 32 + lane;
-        if (index < per_task) {
-          const int hit = index / vectors, v = index - hit * vectors;
-          w[b] = load_streaming(a.w2 + (static_cast<long long>(hit_expert[hit]) * hidden + n) * vectors + v);
-        }
+        if (hit < hits) w[b] = load_streaming(a.w2 + (static_cast<long long>(hit_expert[hit]) * hidden + n) * vectors + v);
+        next_vector(hit, v);
       }
     };
     uint4 w[kBatch2];
@@ -477,12 +499,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(KernelArgs a)
       uint4 next[kBatch2];
       if (step + 1 < steps) load_step(step + 1, next);
       const int n = global_warp + (step / steps_per_task) * grid_warps;
-      const int base = (step % steps_per_task) * 32 * kBatch2;
+      int hit, v;
+      first_vector((step % steps_per_task) * 32 * kBatch2, hit, v);
       #pragma unroll
       for (int b = 0; b < kBatch2; ++b) {
-        const int index = base + b * 32 + lane;
-        if (index >= per_task) break;
-        const int hit = index / vectors, v = index - hit * vectors;
+        if (hit >= hits) break;
         const int expert = hit_expert[hit], col = v * kPer;
         float weight_scale = 1.0f;
         if constexpr (kScheme == Scheme::kBlock)
@@ -493,16 +514,20 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(KernelArgs a)
         else if constexpr (kScheme == Scheme::kTensor)
           weight_scale = __ldg(a.w2_scale + expert);
         for (unsigned m = hit_slots[hit]; m != 0; m &= m - 1) {
-          const int s = __ffs(m) - 1, t = s / top_k;
-          float scale = slot_weight[s] * weight_scale;
+          const int s = __ffs(m) - 1;
+          float scale = slot_scale[s] * weight_scale;
           if constexpr (kScheme == Scheme::kBlock) scale *= act_scales[s * inter_groups + col / kGroup];
-          else if constexpr (kScheme == Scheme::kChannel) scale *= act_scales[s];
-          else if constexpr (kScheme == Scheme::kTensor) scale *= act_scales[0];
           const float d = dot_vector(w[b], act4, (static_cast<long long>(s) * inter + col) / 4, T{}) * scale;
-          #pragma unroll
-          for (int u = 0; u < kTokens; ++u)
-            if (u == t) acc[u] += d;
+          if constexpr (kTokens == 1) {
+            acc[0] += d;
+          } else {
+            const int t = slot_token[s];
+            #pragma unroll
+            for (int u = 0; u < kTokens; ++u)
+              if (u == t) acc[u] += d;
+          }
         }
+        next_vector(hit, v);
       }
       if (step % steps_per_task == steps_per_task - 1) {   // the column's last step: sum lanes, store
         #pragma unroll
