@@ -1,6 +1,7 @@
-// `hmoe tune`: times every eligible GEMM variant pair at each token-count bucket on this GPU and
-// writes the tuned table the dispatcher reads (docs/DISPATCH.md). Resumable: every measurement goes
-// to <table>.partial as it is taken; the table itself is written to a temporary file and renamed.
+// `hmoe tune`: times every eligible GEMM variant pair, and the fused decode layer where it applies,
+// at each token-count bucket on this GPU and writes the tuned table the dispatcher reads
+// (docs/DISPATCH.md). Resumable: every measurement goes to <table>.partial as it is taken; the table
+// itself is written to a temporary file and renamed.
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "decode/decode_layer.hpp"
 #include "dispatch/json.hpp"
 #include "dispatch/plan.hpp"
 #include "dispatch/registry.hpp"
@@ -41,6 +43,8 @@ constexpr double kNoiseMargin = 1.02;
 // token tile) no larger than the best's, is not timed at larger T: growing T only adds tokens per
 // expert, which favours larger granules. Pairs with larger granules are always timed.
 constexpr double kPruneFactor = 2.0;
+// The variant id of the fused decode layer's points in <table>.partial (no GEMM pair has it).
+constexpr const char* kFusedId = "fused";
 
 constexpr const char* kTuneUsage =
     "usage: hmoe tune --model PRESET [--dtype D] [--tokens T[,T...]] [--out DIR]\n"
@@ -49,7 +53,9 @@ constexpr const char* kTuneUsage =
     "  --tokens  token-count buckets of the table (default the DESIGN.md §3 sweep 1,2,4,...,16384)\n"
     "  --out     directory of the table (default $HMOE_TUNED_DIR, else the source tree's tuned/)\n"
     "times every GEMM variant pair that can run the preset at each bucket (CUDA-graph replays, 0.05 s\n"
-    "per point), keeps the fastest unless the analytic rule's pair is within 2%, and writes\n"
+    "per point), keeps the fastest unless the analytic rule's pair is within 2%; at buckets T <= 4 it\n"
+    "also times the fused decode layer (one kernel) and marks the bucket \"fused\" when that beats the\n"
+    "kept pair by more than 2% (PlanOptions::fused_decode = auto then runs it there). Writes\n"
     "E=..,N=..,K=..,device_name=..,dtype=...json. Progress and ETA on stderr. Interrupted, a rerun\n"
     "resumes from <table>.partial. Exit 1 if no Hopper GPU, 2 on bad usage\n";
 
@@ -195,11 +201,13 @@ std::string analytic_id(const MoeSpec& spec, int num_tokens) {
 
 struct BucketChoice {
   int num_tokens = 0;
-  std::string chosen;
-  double chosen_us = 0.0;
+  std::string chosen;        // the unfused pair, also where the bucket is fused
+  double chosen_us = 0.0;    // the time of what runs: the fused layer's when fused
   std::string analytic;
   double analytic_us = 0.0;
-  double best_us = 0.0;
+  double best_us = 0.0;      // the fastest pair's
+  bool fused = false;        // the fused decode layer beat the chosen pair by more than the noise margin
+  double unfused_us = 0.0;   // the chosen pair's time (fused buckets only)
 };
 
 int tune(const TuneTarget& target, const std::vector<std::string>& args) {
@@ -220,8 +228,13 @@ int tune(const TuneTarget& target, const std::vector<std::string>& args) {
     stream.synchronize();
   }
 
+  // HMOE_FUSED_DECODE=0 overrides FusedDecode::kOn: the fused layer cannot run, so it is not timed.
+  if (dispatch::fused_decode_environment() == 0)
+    std::cerr << "hmoe tune: HMOE_FUSED_DECODE=0: the fused decode layer is not timed; the table gets no "
+                 "\"fused\" buckets\n";
   double total_weight = 0.0;
-  for (int num_tokens : target.buckets) total_weight += Progress::weight(num_tokens) * candidates.size();
+  for (int num_tokens : target.buckets)
+    total_weight += Progress::weight(num_tokens) * (candidates.size() + (decode::applies(spec, num_tokens) ? 1 : 0));
   Progress progress(total_weight);
   std::vector<BucketChoice> choices;
   int measured_points = 0;
@@ -264,6 +277,30 @@ int tune(const TuneTarget& target, const std::vector<std::string>& args) {
       ++measured_points;
       progress.advance(num_tokens, true, candidate.summary());
     }
+    // The fused decode layer: one more candidate wherever it applies, never pruned.
+    if (decode::applies(spec, num_tokens)) {
+      if (times.count({num_tokens, kFusedId}) != 0) {
+        progress.advance(num_tokens, false, "fused layer (resumed)");
+      } else if (dispatch::fused_decode_environment() == 0) {
+        progress.advance(num_tokens, false, "fused layer (not timed: HMOE_FUSED_DECODE=0)");
+      } else {
+        testkit::BenchOptions options;
+        options.token_counts = {num_tokens};
+        options.fused_decode = FusedDecode::kOn;
+        options.seconds_per_point = kSecondsPerPoint;
+        options.min_replays = kMinReplays;
+        options.input_sets = kInputSets;
+        options.measure_floor = false;
+        const testkit::BenchRow row = testkit::bench_layer(weights, options).front();
+        if (!row.plan.fused_decode)
+          throw Error("hmoe tune: internal error: the fused decode layer did not run at T = " +
+                      std::to_string(num_tokens));
+        times[{num_tokens, kFusedId}] = row.median_us;
+        save_partial(target, times);
+        ++measured_points;
+        progress.advance(num_tokens, true, "fused layer");
+      }
+    }
     BucketChoice choice;
     choice.num_tokens = num_tokens;
     choice.analytic = analytic;
@@ -277,6 +314,13 @@ int tune(const TuneTarget& target, const std::vector<std::string>& args) {
     }
     if (choice.best_us * kNoiseMargin >= choice.analytic_us) choice.chosen = analytic;
     choice.chosen_us = times.at({num_tokens, choice.chosen});
+    // The same margin for the fused layer, against the pair it would replace.
+    const auto fused = times.find({num_tokens, kFusedId});
+    if (fused != times.end() && decode::applies(spec, num_tokens) && fused->second * kNoiseMargin < choice.chosen_us) {
+      choice.fused = true;
+      choice.unfused_us = choice.chosen_us;
+      choice.chosen_us = fused->second;
+    }
     choices.push_back(choice);
     previous_bucket = num_tokens;
   }
@@ -296,9 +340,13 @@ int tune(const TuneTarget& target, const std::vector<std::string>& args) {
     char latencies[128];
     std::snprintf(latencies, sizeof(latencies), "\"us\": %.2f, \"analytic_us\": %.2f", choice.chosen_us,
                   choice.analytic_us);
+    char fused_fields[64] = "";
+    if (choice.fused)
+      std::snprintf(fused_fields, sizeof(fused_fields), ", \"unfused_us\": %.2f, \"fused\": true", choice.unfused_us);
     table << separator << "    \"" << choice.num_tokens << "\": {\"gemm1\": "
           << dispatch::json_quote(choice.chosen.substr(0, plus))
-          << ", \"gemm2\": " << dispatch::json_quote(choice.chosen.substr(plus + 1)) << ", " << latencies << "}";
+          << ", \"gemm2\": " << dispatch::json_quote(choice.chosen.substr(plus + 1)) << ", " << latencies
+          << fused_fields << "}";
     separator = ",\n";
   }
   table << "\n  }\n}\n";
@@ -317,12 +365,13 @@ int tune(const TuneTarget& target, const std::vector<std::string>& args) {
   double log_vs_analytic = 0.0;
   for (const BucketChoice& choice : choices) {
     const auto summary = [&](const std::string& id) { return dispatch::parse_plan_variant(id, spec).summary(); };
+    const std::string tuned = choice.fused ? "fused layer" : summary(choice.chosen);
     std::printf("%6d  %-24s %10.1f  %-24s %10.1f %7.3fx\n", choice.num_tokens, summary(choice.analytic).c_str(),
-                choice.analytic_us, summary(choice.chosen).c_str(), choice.chosen_us,
-                choice.analytic_us / choice.chosen_us);
+                choice.analytic_us, tuned.c_str(), choice.chosen_us, choice.analytic_us / choice.chosen_us);
     log_vs_analytic += std::log(choice.analytic_us / choice.chosen_us);
   }
-  // The best single pair: the lowest geometric-mean latency among pairs timed at every bucket.
+  // The best single pair: the lowest geometric-mean latency among pairs timed at every bucket (the
+  // fused layer is no pair: it runs at T <= 4 only), held against what the table runs.
   std::string best_single;
   double best_single_log = 0.0;
   for (const dispatch::PlanVariant& candidate : candidates) {

@@ -41,8 +41,9 @@ typedef struct hmoe_plan_options {
                                     launch per kernel); 0: launch the kernels every call */
   int no_warm_up;                /* 1: no plan-time warm-up (PlanOptions::warm_up off: the call creating
                                     the runner launches nothing); 0: warm up (the default) */
-  int fused_decode;              /* 1: run T <= 4 as one fused kernel where it applies
-                                    (PlanOptions::fused_decode, opt-in); 0: the unfused kernels (the default) */
+  int fused_decode;              /* T <= 4 as one fused kernel (PlanOptions::fused_decode): 0 auto (the
+                                    default: where this device's tuned table says so), 1 on (wherever it
+                                    applies), 2 off (never) */
 } hmoe_plan_options;
 
 typedef struct hmoe_run_args {

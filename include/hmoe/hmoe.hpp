@@ -121,6 +121,14 @@ enum class Orientation {
   kSwapAB,   // weight rows on WGMMA's M side, tokens on N (few tokens per expert)
 };
 
+// Whether runs of T ≤ 4 tokens are one fused kernel (PlanOptions::fused_decode; docs/DISPATCH.md,
+// "Fused decode layer").
+enum class FusedDecode {
+  kAuto,   // at the T whose bucket in this device's tuned table says "fused" (no table: never)
+  kOff,    // never: the unfused kernels at every T
+  kOn,     // wherever the fused layer applies (A/B timing, the tuner, tests)
+};
+
 // The stages of a layer, as bits of PlanOptions::skip_stages.
 enum StageBit : std::uint32_t {
   kStageRouting = 1u << 0,        // router logits → top-k (run_from_logits only)
@@ -162,7 +170,7 @@ struct PlanOptions {
   // Internal (`hmoe bench --skip`): leave these stages (StageBit) out of every run, to attribute a
   // layer's time to its stages. The output is then WRONG; every stage a skipped one would have fed
   // reads what the last full run left in the workspace, so run the layer once without skipping on
-  // the same workspace and T first, with fused_decode off (the bench does), or the skipped stages'
+  // the same workspace and T first, with fused_decode = kOff (the bench does), or the skipped stages'
   // inputs are garbage.
   std::uint32_t skip_stages = 0;
   // Internal (`hmoe bench/check --split-k`, tests): how many ways the Swap-AB GEMMs split K over
@@ -170,13 +178,15 @@ struct PlanOptions {
   // ways wherever a Swap-AB variant runs, capped by K (8+ K blocks a split) and the workspace.
   // Batch-invariant layers never split (the sum order would depend on T).
   int split_k = 0;
-  // Opt-in: run T ≤ 4 as one fused kernel where it applies (docs/DISPATCH.md, "Fused decode layer";
-  // PlanInfo::fused_decode says when). On H200 it is faster than the unfused kernels only for some
-  // layers at T = 1 (deepseek-v3-tp8 bf16: −7%) and slower at T = 2…4 (docs/PERF.md), hence off by
-  // default. Runners that force an orientation or a variant, skip stages, set split_k or are
-  // batch-invariant never fuse. HMOE_FUSED_DECODE=1 / =0 in the environment turns it on / off for
-  // every runner, overriding this field (A/B timing).
-  bool fused_decode = false;
+  // Run T ≤ 4 as one fused kernel (docs/DISPATCH.md, "Fused decode layer"; PlanInfo::fused_decode
+  // says when). On H200 (2026-12-03) it wins at T = 1 for some layers (deepseek-v3-tp8 bf16: 43.8
+  // against 50.5 µs), ties for others (deepseek-v3-tp8 fp8-block 38.5 / 39.2, qwen3-30b-a3b fp8-block
+  // 30.8 / 31.1), loses for qwen3-30b-a3b bf16 (35.7 against 34.3 µs) and at T = 2…4 (docs/PERF.md):
+  // hence kAuto, where the tuned table's bucket for T decides (`hmoe tune` times the fused layer as
+  // one more candidate). Runners that force an orientation or a variant, skip stages, set split_k or
+  // are batch-invariant never fuse, whatever this field says. HMOE_FUSED_DECODE=1 / =0 in the
+  // environment acts as kOn / kOff for every runner, overriding this field (A/B timing).
+  FusedDecode fused_decode = FusedDecode::kAuto;
 };
 
 struct RunArgs {
@@ -207,7 +217,9 @@ struct PlanInfo {
   int num_chunks = 1;                    // runs of at most MoeRunner::chunk_tokens() tokens each
   int gemm1_splits = 1;                  // ways GEMM1 splits K over CTAs (1: not split)
   int gemm2_splits = 1;                  // the same for GEMM2
-  // Who chose the variant: "analytic", "tuned:<table file>", "forced" or "batch-invariant".
+  // Who chose the variant: "analytic", "tuned:<table file>", "forced" or "batch-invariant". For a
+  // fused decode plan, who turned the fused layer on: "tuned:<table file>" (its bucket says
+  // "fused"), "option" (PlanOptions::fused_decode = kOn) or "environment" (HMOE_FUSED_DECODE=1).
   std::string source;
   // The whole layer runs as one kernel (docs/DISPATCH.md, "Fused decode layer"): gemm1_kernel
   // names it, gemm2_kernel is empty, and the tile fields above are the unfused plan's.

@@ -52,6 +52,8 @@ constexpr std::pair<std::string_view, QuantScheme> kSchemeNames[] = {
     {"fp8-block", QuantScheme::kBlock128}};
 constexpr std::pair<std::string_view, Orientation> kOrientationNames[] = {
     {"auto", Orientation::kAuto}, {"normal", Orientation::kNormal}, {"swap", Orientation::kSwapAB}};
+constexpr std::pair<std::string_view, FusedDecode> kFusedDecodeNames[] = {
+    {"auto", FusedDecode::kAuto}, {"on", FusedDecode::kOn}, {"off", FusedDecode::kOff}};
 constexpr std::pair<std::string_view, WeightMatrix> kMatrixNames[] = {{"w13", WeightMatrix::kW13},
                                                                       {"w2", WeightMatrix::kW2}};
 
@@ -213,8 +215,9 @@ int check_activations(const MoeSpec& spec, const Array& x, const Array& out, int
 // A MoeRunner and the device it was planned on (its kernels were prepared there).
 class Runner {
  public:
-  Runner(const MoeSpec& spec, int max_tokens, std::string_view orientation, std::size_t max_workspace_bytes)
-      : runner_(spec, options(max_tokens, orientation, max_workspace_bytes)) {
+  Runner(const MoeSpec& spec, int max_tokens, std::string_view orientation, std::size_t max_workspace_bytes,
+         std::string_view fused_decode)
+      : runner_(spec, options(max_tokens, orientation, max_workspace_bytes, fused_decode)) {
     if (cudaGetDevice(&device_) != cudaSuccess) {
       cudaGetLastError();
       device_ = 0;
@@ -292,11 +295,13 @@ class Runner {
   }
 
  private:
-  static PlanOptions options(int max_tokens, std::string_view orientation, std::size_t max_workspace_bytes) {
+  static PlanOptions options(int max_tokens, std::string_view orientation, std::size_t max_workspace_bytes,
+                             std::string_view fused_decode) {
     PlanOptions options;
     options.max_tokens = max_tokens;
     options.orientation = parse_enum(orientation, "Spec.orientation", kOrientationNames);
     options.max_workspace_bytes = max_workspace_bytes;
+    options.fused_decode = parse_enum(fused_decode, "Runner.fused_decode", kFusedDecodeNames);
     return options;
   }
 
@@ -366,6 +371,7 @@ nb::dict plan_dict(const PlanInfo& info) {
   plan["gemm1_splits"] = info.gemm1_splits;
   plan["gemm2_splits"] = info.gemm2_splits;
   plan["source"] = info.source;
+  plan["fused_decode"] = info.fused_decode;
   return plan;
 }
 
@@ -517,8 +523,10 @@ NB_MODULE(_ext, m) {
 
   nb::class_<Runner>(m, "Runner", "A planned layer (hmoe::MoeRunner) for up to max_tokens tokens per run, "
                                   "bound to the CUDA device current when it was made.")
-      .def(nb::init<const MoeSpec&, int, std::string_view, std::size_t>(), "spec"_a, "max_tokens"_a, nb::kw_only(),
-           "orientation"_a = "auto", "max_workspace_bytes"_a = 0)
+      .def(nb::init<const MoeSpec&, int, std::string_view, std::size_t, std::string_view>(), "spec"_a, "max_tokens"_a,
+           nb::kw_only(), "orientation"_a = "auto", "max_workspace_bytes"_a = 0, "fused_decode"_a = "auto",
+           "fused_decode: 'auto' (the fused decode layer at T <= 4 where this device's tuned table says so), "
+           "'on' (wherever it applies) or 'off' (PlanOptions::fused_decode).")
       .def_prop_ro("spec", [](const Runner& self) { return self.runner().spec(); })
       .def_prop_ro("device", &Runner::device)
       .def_prop_ro("workspace_bytes", [](const Runner& self) { return self.runner().workspace_bytes(); })

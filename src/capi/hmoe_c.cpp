@@ -172,12 +172,15 @@ hmoe_status hmoe_runner_create_with_options(const hmoe_spec* spec, const hmoe_pl
     if (options->no_warm_up != 0 && options->no_warm_up != 1)
       throw hmoe::Error("hmoe: invalid hmoe_plan_options.no_warm_up = " + std::to_string(options->no_warm_up) +
                         ": expected 0 or 1");
-    if (options->fused_decode != 0 && options->fused_decode != 1)
+    if (options->fused_decode < 0 || options->fused_decode > 2)
       throw hmoe::Error("hmoe: invalid hmoe_plan_options.fused_decode = " + std::to_string(options->fused_decode) +
-                        ": expected 0 or 1");
+                        ": expected 0 (auto), 1 (on) or 2 (off)");
     cpp.replay_graphs = options->replay_graphs == 1;
     cpp.warm_up = options->no_warm_up == 0;
-    cpp.fused_decode = options->fused_decode == 1;
+    // The C values follow zero-initialisation (0: the default, kAuto), not the C++ enum's order.
+    constexpr hmoe::FusedDecode kFusedDecode[] = {hmoe::FusedDecode::kAuto, hmoe::FusedDecode::kOn,
+                                                  hmoe::FusedDecode::kOff};
+    cpp.fused_decode = kFusedDecode[options->fused_decode];
     *runner = new hmoe_runner{hmoe::MoeRunner(to_cpp(*spec), cpp)};
   });
 }

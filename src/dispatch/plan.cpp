@@ -2,8 +2,11 @@
 #include "dispatch/plan.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
 
+#include "decode/decode_layer.hpp"
 #include "dispatch/tuned_table.hpp"
 #include "permute/work_list.hpp"
 
@@ -139,6 +142,41 @@ WorkspaceLayout workspace_layout(const MoeSpec& spec, int max_tokens) {
   }
   layout.total = offset;
   return layout;
+}
+
+int fused_decode_environment() {
+  static const int from_environment = [] {
+    const char* value = std::getenv("HMOE_FUSED_DECODE");
+    return value == nullptr ? -1 : std::strcmp(value, "0") != 0 ? 1 : 0;
+  }();
+  return from_environment;
+}
+
+std::string_view fused_decode_source(const MoeSpec& spec, const PlanOptions& options, const PlanOverrides* overrides,
+                                     int num_tokens, int environment) {
+  // Anything that asks for particular GEMMs, stages or splits runs the kernels it names.
+  if (spec.batch_invariant || options.skip_stages != 0 || options.orientation != Orientation::kAuto ||
+      !options.force_variant.empty() || options.split_k != 0)
+    return {};
+  std::string_view source;
+  if (environment >= 0) {
+    source = environment == 1 ? "environment" : "";
+  } else if (options.fused_decode == FusedDecode::kOn) {
+    source = "option";
+  } else if (options.fused_decode == FusedDecode::kAuto && overrides != nullptr && overrides->tuned != nullptr &&
+             overrides->tuned->bucket_for(num_tokens).fused_decode) {
+    // NOTE: the bucket nearest T may serve a T the layer does not cover (T = 5 → bucket 4): then
+    // decode::applies below says no and the bucket's unfused pair runs.
+    source = overrides->tuned->source;
+  }
+  return !source.empty() && decode::applies(spec, num_tokens) ? source : std::string_view();
+}
+
+bool fuses_at_any_decode_size(const MoeSpec& spec, const PlanOptions& options, const PlanOverrides* overrides,
+                              int chunk_tokens, int environment) {
+  for (int tokens = 1; tokens <= std::min(chunk_tokens, decode::kMaxTokens); ++tokens)
+    if (!fused_decode_source(spec, options, overrides, tokens, environment).empty()) return true;
+  return false;
 }
 
 int warm_up_tokens(const MoeSpec& small, int token_tile, int weight_tile, long long want_tiles, int most) {

@@ -35,6 +35,24 @@ Plan batch_invariant_plan(const MoeSpec& spec);
 Plan plan_for(const MoeSpec& spec, int num_tokens, Orientation orientation,
               const PlanOverrides* overrides = nullptr);
 
+// HMOE_FUSED_DECODE in the environment, read once per process: -1 unset, 0 for "0", else 1. Set,
+// it acts as FusedDecode::kOff / kOn for every runner (A/B timing).
+int fused_decode_environment();
+
+// Who has a run (chunk) of T tokens run as the fused decode layer (docs/DISPATCH.md, "Fused decode
+// layer"), as PlanInfo::source reports it: "environment" (HMOE_FUSED_DECODE=1), "option"
+// (FusedDecode::kOn) or, under kAuto, the tuned table's source when its bucket for T says "fused";
+// empty when the unfused kernels run: where decode::applies does not hold, and always for runners
+// that force an orientation or a variant, skip stages, set split_k or are batch-invariant (they ask
+// for the kernels they name). environment: fused_decode_environment() or, in tests, -1, 0 or 1.
+std::string_view fused_decode_source(const MoeSpec& spec, const PlanOptions& options, const PlanOverrides* overrides,
+                                     int num_tokens, int environment);
+
+// Whether some run (chunk) of at most chunk_tokens tokens is the fused decode layer: then the plan
+// time prepares and warms up its kernel (one kernel per scheme, T is an argument).
+bool fuses_at_any_decode_size(const MoeSpec& spec, const PlanOptions& options, const PlanOverrides* overrides,
+                              int chunk_tokens, int environment);
+
 // Byte offsets into the caller's workspace, each region 256-byte aligned.
 struct WorkspaceLayout {
   std::size_t topk_ids = 0;       // [T·k] int32 (routing output when hmoe routes)

@@ -2,10 +2,9 @@
 // routing → permute → GEMM1 (SwiGLU) → GEMM2 (× routing weight) → combine on the caller's stream.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "combine/combine.hpp"
@@ -122,6 +121,10 @@ MoeRunner::MoeRunner(const MoeSpec& spec, const PlanOptions& options) : spec_(sp
   if (orientation < static_cast<int>(Orientation::kAuto) || orientation > static_cast<int>(Orientation::kSwapAB))
     throw Error("hmoe: invalid PlanOptions.orientation = " + std::to_string(orientation) +
                 ": expected 0 (auto), 1 (normal) or 2 (swap)");
+  const int fused = static_cast<int>(options.fused_decode);
+  if (fused < static_cast<int>(FusedDecode::kAuto) || fused > static_cast<int>(FusedDecode::kOn))
+    throw Error("hmoe: invalid PlanOptions.fused_decode = " + std::to_string(fused) +
+                ": expected FusedDecode::kAuto (0), kOff (1) or kOn (2)");
   if (options.split_k < 0)
     throw Error("hmoe: invalid PlanOptions.split_k = " + std::to_string(options.split_k) +
                 ": expected 0 (hmoe's rule), 1 (never split) or the number of splits");
@@ -151,7 +154,9 @@ void MoeRunner::prepare_kernels() const {
   routing::prepare(spec_);
   permute::prepare();
   permute::prepare_route_permute(spec_);
-  if (fused_decode(1)) decode::prepare(spec_);   // applies at no T when not at T = 1
+  const bool fuses = dispatch::fuses_at_any_decode_size(spec_, options_, overrides_.get(), chunk_tokens_,
+                                                        dispatch::fused_decode_environment());
+  if (fuses) decode::prepare(spec_);
   if (spec_.weight_dtype == WeightDType::kFP8E4M3) quant::prepare();
   combine::prepare();
   gemm::prepare_tensor_maps();
@@ -285,8 +290,11 @@ void MoeRunner::warm_up() const {
   routing::launch_topk(small, logits, nullptr, tokens, at<int>(args.workspace, layout.topk_ids),
                        at<float>(args.workspace, layout.topk_weights), scratch.get());
   runner.run_from_topk(args, topk_ids, topk_weights, scratch.get());
-  if (fused_decode(1)) {
-    // This layer's T = 1 runs the fused decode kernel: once on the small copy too, on every SM.
+  if (dispatch::fuses_at_any_decode_size(spec_, options_, overrides_.get(), chunk_tokens_,
+                                         dispatch::fused_decode_environment())) {
+    // Some T of this layer runs the fused decode kernel: once on the small copy too, on every SM.
+    // At T = 1: one kernel serves every T, and the small copy needs no more shared memory than the
+    // layer at any T.
     RunArgs one = args;
     one.num_tokens = 1;
     decode::launch(small, fused_launch(one, layout, nullptr, topk_ids, topk_weights), std::max(num_sms_, 1),
@@ -315,8 +323,11 @@ PlanInfo MoeRunner::plan_info(int num_tokens) const {
   const LayerSplits splits = layer_splits(spec_, options_, plan, max_tiles, num_sms_);
   info.gemm1_splits = splits.gemm1;
   info.gemm2_splits = splits.gemm2;
-  if (fused_decode(std::min(tokens, chunk_tokens_))) {
+  const std::string_view fused_by = dispatch::fused_decode_source(
+      spec_, options_, overrides_.get(), std::min(tokens, chunk_tokens_), dispatch::fused_decode_environment());
+  if (!fused_by.empty()) {
     info.fused_decode = true;
+    info.source = fused_by;
     info.gemm1_kernel = decode::kernel_name(spec_);
     info.gemm2_kernel.clear();
     info.gemm1_splits = info.gemm2_splits = 1;
@@ -437,16 +448,8 @@ void MoeRunner::enqueue_from_topk(const RunArgs& args, const std::int32_t* topk_
 }
 
 bool MoeRunner::fused_decode(int num_tokens) const {
-  // HMOE_FUSED_DECODE=1 / =0 in the environment overrides PlanOptions::fused_decode (read once per
-  // process), for A/B timing: -1 when unset.
-  static const int from_environment = [] {
-    const char* value = std::getenv("HMOE_FUSED_DECODE");
-    return value == nullptr ? -1 : std::strcmp(value, "0") != 0 ? 1 : 0;
-  }();
-  const bool wanted = from_environment < 0 ? options_.fused_decode : from_environment == 1;
-  // Anything that asks for particular GEMMs, stages or splits runs the kernels it names.
-  return wanted && !spec_.batch_invariant && options_.skip_stages == 0 && options_.orientation == Orientation::kAuto &&
-         options_.force_variant.empty() && options_.split_k == 0 && decode::applies(spec_, num_tokens);
+  const int environment = dispatch::fused_decode_environment();
+  return !dispatch::fused_decode_source(spec_, options_, overrides_.get(), num_tokens, environment).empty();
 }
 
 // One chunk (the whole run when unchunked): [routing →] permute → GEMM1 → GEMM2 → combine, with its

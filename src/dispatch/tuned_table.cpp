@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "decode/decode_layer.hpp"
 #include "dispatch/json.hpp"
 
 #ifndef HMOE_DEFAULT_TUNED_DIR
@@ -93,6 +94,14 @@ TunedTable parse_table(const std::string& text, const MoeSpec& spec, std::string
     }
     if (const JsonValue* latency = entry.find("us"); latency != nullptr && latency->is_number())
       bucket.latency_us = latency->number;
+    if (const JsonValue* fused = entry.find("fused"); fused != nullptr) {
+      if (fused->kind != JsonValue::Kind::kBool)
+        throw JsonError("bucket \"" + key + "\": \"fused\" is not a boolean");
+      bucket.fused_decode = fused->boolean;
+      if (bucket.fused_decode && bucket.num_tokens > decode::kMaxTokens)
+        throw JsonError("bucket \"" + key + "\": \"fused\" is true above the fused decode layer's " +
+                        std::to_string(decode::kMaxTokens) + " tokens");
+    }
     table.buckets.push_back(bucket);
   }
   if (table.buckets.empty()) throw JsonError("\"buckets\" is empty");

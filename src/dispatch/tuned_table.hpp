@@ -1,7 +1,7 @@
 // Tuned tables: per (device, E, N = I, K = H, dtype) JSON files mapping token-count buckets to the
-// GEMM variant pair `hmoe tune` measured fastest, found at plan time and consulted by choose_plan
-// before the analytic rule. A malformed or stale file is reported once and ignored. docs/DISPATCH.md
-// describes the format and the lookup order.
+// GEMM variant pair `hmoe tune` measured fastest (and, at T ≤ 4, whether the fused decode layer beat
+// it), found at plan time and consulted by choose_plan before the analytic rule. A malformed or stale
+// file is reported once and ignored. docs/DISPATCH.md describes the format and the lookup order.
 #pragma once
 
 #include <memory>
@@ -21,8 +21,11 @@ inline constexpr const char* kTunedDirEnv = "HMOE_TUNED_DIR";
 
 struct TunedBucket {
   int num_tokens = 0;       // the T the choice was measured at
-  PlanVariant variant;
+  PlanVariant variant;      // the unfused pair, also where the fused layer does not apply
   double latency_us = 0.0;  // measured by the tuner (informational)
+  // "fused": the fused decode layer beat the pair here, so FusedDecode::kAuto runs it at the T this
+  // bucket serves (where decode::applies). Only at num_tokens ≤ decode::kMaxTokens.
+  bool fused_decode = false;
 };
 
 struct TunedTable {

@@ -31,6 +31,9 @@ struct BenchOptions {
   // full run per input set in its own workspace. The rows are then not a valid layer.
   std::uint32_t skip_stages = 0;
   int split_k = 0;                  // PlanOptions::split_k (`hmoe bench --split-k`)
+  // PlanOptions::fused_decode (the tuner times its "fused" candidate with kOn). Runs with
+  // skip_stages use kOff.
+  FusedDecode fused_decode = FusedDecode::kAuto;
 };
 
 struct BenchRow {

@@ -34,7 +34,9 @@ struct CheckOptions {
   bool batch_invariant = false;         // runs with MoeSpec::batch_invariant set
   bool static_act_scales = false;       // fp8-tensor: static activation scales instead of dynamic ones
   int split_k = 0;                      // PlanOptions::split_k (0: hmoe's rule)
-  bool fused_decode = false;            // PlanOptions::fused_decode
+  // PlanOptions::fused_decode: kAuto (`hmoe check`) checks what a default runner plans; the fused
+  // layer's tests ask for kOn.
+  FusedDecode fused_decode = FusedDecode::kAuto;
 };
 
 struct CheckResult {

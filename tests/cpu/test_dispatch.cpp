@@ -87,8 +87,10 @@ std::string table_json(const MoeSpec& spec, const std::string& device, const std
   return text.str();
 }
 
-std::string bucket(int tokens, const std::string& gemm1, const std::string& gemm2) {
-  return "\"" + std::to_string(tokens) + "\": {\"gemm1\": \"" + gemm1 + "\", \"gemm2\": \"" + gemm2 + "\", \"us\": 1.5}";
+// One bucket; extra: more members, e.g. ", \"fused\": true".
+std::string bucket(int tokens, const std::string& gemm1, const std::string& gemm2, const std::string& extra = "") {
+  return "\"" + std::to_string(tokens) + "\": {\"gemm1\": \"" + gemm1 + "\", \"gemm2\": \"" + gemm2 + "\", \"us\": 1.5" +
+         extra + "}";
 }
 
 // ---- JSON reader -------------------------------------------------------------------------------
@@ -495,6 +497,10 @@ TEST(TunedTable, MalformedOrStaleFilesAreRejectedWithTheReason) {
       {table_json(spec, kDevice, ""), "empty"},
       {table_json(spec, kDevice, "\"zero\": {\"gemm1\": \"a\", \"gemm2\": \"b\"}"), "positive token count"},
       {table_json(spec, kDevice, good + "," + good), "twice"},
+      {table_json(spec, kDevice, bucket(1, "swiglu_swap_t8_w64", "weighted_swap_t8_w64", ", \"fused\": \"yes\"")),
+       "bucket \"1\": \"fused\" is not a boolean"},
+      {table_json(spec, kDevice, bucket(8, "swiglu_swap_t8_w64", "weighted_swap_t8_w64", ", \"fused\": true")),
+       "bucket \"8\": \"fused\" is true above the fused decode layer's 4 tokens"},
   };
   const TempDir dir;
   for (const auto& [text, reason] : cases) {
@@ -503,6 +509,82 @@ TEST(TunedTable, MalformedOrStaleFilesAreRejectedWithTheReason) {
     EXPECT_EQ(read_tuned_table(path, spec, kDevice, &error), nullptr) << text;
     EXPECT_NE(error.find(reason), std::string::npos) << "expected '" << reason << "' in: " << error;
   }
+}
+
+// "fused" buckets (written by `hmoe tune` where the fused decode layer beat the pair) read back, and
+// under FusedDecode::kAuto they, and only they, run the fused layer, at the T they serve where it
+// applies; the option, the environment and the runners that ask for particular kernels decide first.
+TEST(TunedTable, FusedBucketsDecideTheFusedDecodeLayerUnderAuto) {
+  const MoeSpec spec = preset("qwen3-30b-a3b");
+  const TempDir dir;
+  const std::string name = tuned_file_name(spec, kDevice);
+  const std::string swap8 = "swiglu_swap_t8_w64", weighted8 = "weighted_swap_t8_w64";
+  dir.write(name, table_json(spec, kDevice,
+                             bucket(1, swap8, weighted8, ", \"fused\": true") + "," + bucket(2, swap8, weighted8) + "," +
+                                 bucket(4, swap8, weighted8, ", \"unfused_us\": 9.5, \"fused\": true") + "," +
+                                 bucket(64, "swiglu_swap_t32_w64", "weighted_swap_t32_w64", ", \"fused\": false")));
+  std::string error;
+  const auto table = read_tuned_table((fs::path(dir.path()) / name).string(), spec, kDevice, &error);
+  ASSERT_NE(table, nullptr) << error;
+  const std::map<int, bool> fused_bucket = {{1, true}, {2, false}, {3, true}, {4, true}, {5, true}, {64, false}};
+  for (const auto& [tokens, fused] : fused_bucket) EXPECT_EQ(table->bucket_for(tokens).fused_decode, fused) << tokens;
+  EXPECT_EQ(std::string(table->bucket_for(1).variant.gemm1->name), swap8) << "a fused bucket still names its pair";
+
+  PlanOverrides overrides;
+  overrides.tuned = table;
+  const PlanOptions automatic;   // FusedDecode::kAuto
+  ASSERT_EQ(automatic.fused_decode, FusedDecode::kAuto) << "kAuto is the default";
+  const std::string source = "tuned:" + name;
+  // T = 5 is served by the fused bucket 4, but the fused layer stops at T = 4: its pair runs.
+  const std::map<int, std::string> expected = {{1, source}, {2, ""}, {3, source}, {4, source}, {5, ""}, {64, ""}};
+  for (const auto& [tokens, by] : expected)
+    EXPECT_EQ(fused_decode_source(spec, automatic, &overrides, tokens, -1), by) << "T = " << tokens;
+  EXPECT_EQ(fused_decode_source(spec, automatic, nullptr, 1, -1), "") << "no table: never fused";
+  PlanOverrides no_table;
+  EXPECT_EQ(fused_decode_source(spec, automatic, &no_table, 1, -1), "");
+  EXPECT_TRUE(fuses_at_any_decode_size(spec, automatic, &overrides, 64, -1));
+  EXPECT_FALSE(fuses_at_any_decode_size(spec, automatic, &no_table, 64, -1));
+
+  // kOff beats the table, kOn needs none; HMOE_FUSED_DECODE (environment 0 / 1) beats both.
+  PlanOptions off = automatic, on = automatic;
+  off.fused_decode = FusedDecode::kOff;
+  on.fused_decode = FusedDecode::kOn;
+  EXPECT_EQ(fused_decode_source(spec, off, &overrides, 1, -1), "");
+  EXPECT_FALSE(fuses_at_any_decode_size(spec, off, &overrides, 64, -1));
+  EXPECT_EQ(fused_decode_source(spec, on, &no_table, 2, -1), "option");
+  EXPECT_EQ(fused_decode_source(spec, on, &no_table, 5, -1), "") << "beyond decode::kMaxTokens";
+  EXPECT_EQ(fused_decode_source(spec, automatic, &overrides, 1, 0), "");
+  EXPECT_EQ(fused_decode_source(spec, on, &overrides, 1, 0), "");
+  EXPECT_EQ(fused_decode_source(spec, off, &no_table, 2, 1), "environment");
+  EXPECT_EQ(fused_decode_source(spec, automatic, &overrides, 2, 1), "environment");
+
+  // Runners that ask for particular kernels never fuse, whatever the table says.
+  PlanOptions normal = automatic, forced = automatic, skipping = automatic, split = automatic;
+  normal.orientation = Orientation::kNormal;
+  forced.force_variant = swap8 + "+" + weighted8;
+  skipping.skip_stages = kStageCombine;
+  split.split_k = 1;
+  for (const PlanOptions& options : {normal, forced, skipping, split}) {
+    EXPECT_EQ(fused_decode_source(spec, options, &overrides, 1, -1), "");
+    EXPECT_EQ(fused_decode_source(spec, options, &overrides, 1, 1), "") << "not even with HMOE_FUSED_DECODE=1";
+    EXPECT_FALSE(fuses_at_any_decode_size(spec, options, &overrides, 64, -1));
+  }
+  MoeSpec invariant = spec;
+  invariant.batch_invariant = true;
+  EXPECT_EQ(fused_decode_source(invariant, automatic, &overrides, 1, -1), "");
+
+  // The plan-time preparation and warm-up look at every T a chunk can have: with bucket 1 unfused
+  // and bucket 4 fused, T = 3 (nearer 4) is the first that fuses.
+  const std::string later = name + ".later";
+  dir.write(later, table_json(spec, kDevice,
+                              bucket(1, swap8, weighted8) + "," + bucket(4, swap8, weighted8, ", \"fused\": true") +
+                                  "," + bucket(16, swap8, weighted8)));
+  PlanOverrides later_overrides;
+  later_overrides.tuned = read_tuned_table((fs::path(dir.path()) / later).string(), spec, kDevice, &error);
+  ASSERT_NE(later_overrides.tuned, nullptr) << error;
+  EXPECT_FALSE(fuses_at_any_decode_size(spec, automatic, &later_overrides, 2, -1)) << "chunks of at most 2 tokens";
+  EXPECT_TRUE(fuses_at_any_decode_size(spec, automatic, &later_overrides, 3, -1));
+  EXPECT_TRUE(fuses_at_any_decode_size(spec, automatic, &later_overrides, 4096, -1));
 }
 
 TEST(TunedTable, ABadFileWarnsOnceAndFallsBackToTheAnalyticRule) {
@@ -595,20 +677,27 @@ TEST(ForcedVariant, RunnerUsesItOrNamesWhatIsWrong) {
   }
 }
 
-// The fused decode layer (src/decode) is opt-in; asked for, it runs T ≤ 4 when its shared memory
-// fits, and never when the caller asks for particular GEMMs, stages, splits or batch invariance.
+// The fused decode layer (src/decode): by default (kAuto) only where a tuned table says so, so never
+// without one; kOn runs it at T ≤ 4 when its shared memory fits, and never when the caller asks for
+// particular GEMMs, stages, splits or batch invariance; kOff never.
 TEST(FusedDecode, PlannedExactlyForTheSmallestDecodeSizes) {
   PlanOptions options;
   options.max_tokens = 64;
   if (std::getenv("HMOE_FUSED_DECODE") != nullptr) GTEST_SKIP() << "HMOE_FUSED_DECODE is set: it overrides the plans";
-  EXPECT_FALSE(MoeRunner(preset("qwen3-30b-a3b"), options).plan_info(1).fused_decode) << "off by default";
-  options.fused_decode = true;
+  {
+    const TempDir empty;
+    const ScopedTunedDir scoped(empty.path());   // no table, also on a machine with a GPU
+    for (int tokens = 1; tokens <= 5; ++tokens)
+      EXPECT_FALSE(MoeRunner(preset("qwen3-30b-a3b"), options).plan_info(tokens).fused_decode) << "auto, no table";
+  }
+  options.fused_decode = FusedDecode::kOn;
   for (const std::string& name : preset_names()) {
     const MoeRunner runner(preset(name), options);
     const PlanInfo one = runner.plan_info(1);
     EXPECT_TRUE(one.fused_decode) << name;
     EXPECT_EQ(one.gemm1_kernel, "decode_layer") << name;
     EXPECT_EQ(one.gemm2_kernel, "") << name;
+    EXPECT_EQ(one.source, "option") << name;
     EXPECT_FALSE(runner.plan_info(5).fused_decode) << name;
     EXPECT_NE(runner.plan_info(5).gemm2_kernel, "") << name;
   }
@@ -637,8 +726,16 @@ TEST(FusedDecode, PlannedExactlyForTheSmallestDecodeSizes) {
   invariant.batch_invariant = true;
   EXPECT_FALSE(MoeRunner(invariant, options).plan_info(1).fused_decode);
   PlanOptions off = options;
-  off.fused_decode = false;
-  EXPECT_FALSE(MoeRunner(qwen3, off).plan_info(1).fused_decode);
+  off.fused_decode = FusedDecode::kOff;
+  for (int tokens = 1; tokens <= 4; ++tokens) EXPECT_FALSE(MoeRunner(qwen3, off).plan_info(tokens).fused_decode);
+  PlanOptions bad = options;
+  bad.fused_decode = static_cast<FusedDecode>(3);
+  try {
+    MoeRunner runner(qwen3, bad);
+    FAIL() << "no error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("PlanOptions.fused_decode = 3"), std::string::npos) << error.what();
+  }
 }
 
 // ---- CLI and the binary ---------------------------------------------------------------------------
@@ -730,6 +827,22 @@ TEST(Cli, BenchExplainShowsVariantAndSource) {
     EXPECT_NE(output.find("analytic"), std::string::npos) << output;
   }
   std::printf("%s", output.c_str());
+  // The fused decode layer and who turned it on (here the environment; a tuned table shows its file).
+  const std::string fused = run_command(std::string("HMOE_FUSED_DECODE=1 '") + HMOE_CLI_PATH +
+                                            "' bench --model qwen3-30b-a3b --tokens 1,5 --explain",
+                                        &exit_code);
+  EXPECT_EQ(exit_code, 0) << fused;
+  std::istringstream lines(fused);
+  std::string line, one, five;
+  while (std::getline(lines, line)) {
+    if (line.rfind("     1 ", 0) == 0) one = line;
+    if (line.rfind("     5 ", 0) == 0) five = line;
+  }
+  EXPECT_NE(one.find("fused layer"), std::string::npos) << fused;
+  EXPECT_NE(one.find("decode_layer"), std::string::npos) << fused;
+  EXPECT_NE(one.find("environment"), std::string::npos) << fused;
+  EXPECT_EQ(five.find("fused layer"), std::string::npos) << "T = 5 is beyond the fused layer:\n" << fused;
+  std::printf("%s", fused.c_str());
 }
 
 }  // namespace

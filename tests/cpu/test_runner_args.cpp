@@ -215,13 +215,16 @@ TEST(CApi, PlanOptionsCapTheWorkspaceCarryBatchInvarianceAndSwitches) {
   EXPECT_NE(std::string(hmoe_last_error()).find("options is null"), std::string::npos) << hmoe_last_error();
 
   // Graph replay, the warm-up and the fused decode switches reach the C++ options; values other than
-  // 0 and 1 are refused.
+  // 0 and 1 (fused_decode: 0 auto, 1 on, 2 off) are refused.
   options.orientation = 0;
   options.replay_graphs = 1;
   options.no_warm_up = 1;
-  options.fused_decode = 1;
-  ASSERT_EQ(hmoe_runner_create_with_options(&spec, &options, &capped), HMOE_OK) << hmoe_last_error();
-  hmoe_runner_destroy(capped);
+  for (int fused_decode : {0, 1, 2}) {
+    options.fused_decode = fused_decode;
+    ASSERT_EQ(hmoe_runner_create_with_options(&spec, &options, &capped), HMOE_OK)
+        << "fused_decode = " << fused_decode << ": " << hmoe_last_error();
+    hmoe_runner_destroy(capped);
+  }
   options.replay_graphs = 2;
   EXPECT_EQ(hmoe_runner_create_with_options(&spec, &options, &capped), HMOE_INVALID_ARGUMENT);
   EXPECT_NE(std::string(hmoe_last_error()).find("hmoe_plan_options.replay_graphs = 2"), std::string::npos)
@@ -232,10 +235,12 @@ TEST(CApi, PlanOptionsCapTheWorkspaceCarryBatchInvarianceAndSwitches) {
   EXPECT_NE(std::string(hmoe_last_error()).find("hmoe_plan_options.no_warm_up = -1"), std::string::npos)
       << hmoe_last_error();
   options.no_warm_up = 0;
-  options.fused_decode = 2;
-  EXPECT_EQ(hmoe_runner_create_with_options(&spec, &options, &capped), HMOE_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(hmoe_last_error()).find("hmoe_plan_options.fused_decode = 2"), std::string::npos)
-      << hmoe_last_error();
+  for (int fused_decode : {3, -1}) {
+    options.fused_decode = fused_decode;
+    EXPECT_EQ(hmoe_runner_create_with_options(&spec, &options, &capped), HMOE_INVALID_ARGUMENT);
+    const std::string expected = "hmoe_plan_options.fused_decode = " + std::to_string(fused_decode);
+    EXPECT_NE(std::string(hmoe_last_error()).find(expected), std::string::npos) << hmoe_last_error();
+  }
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
 // The dispatcher on the GPU: with the tuned directory emptied the analytic rule still runs every
-// layer correctly, a tuned table for this device is picked up, and every variant pair the tuner
-// may choose matches the float64 reference.
+// layer correctly, a tuned table for this device is picked up (its "fused" buckets too), and every
+// variant pair the tuner may choose matches the float64 reference.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -99,6 +100,39 @@ TEST(DispatchGpu, TunedTableForThisDeviceIsUsed) {
   EXPECT_EQ(plan.source, "tuned:" + name);
   EXPECT_EQ(plan.gemm1_kernel, "swiglu_swap_t32_w64");
   expect_pass(result, plan, 4);
+}
+
+// A bucket marked "fused" (`hmoe tune` timed the fused decode layer faster than its pair) runs the
+// fused layer under the default FusedDecode::kAuto at the T it serves, prepared and warmed up at plan
+// time; other buckets, and kOff, run their pair.
+TEST(DispatchGpu, TunedFusedBucketRunsTheFusedDecodeLayer) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  if (std::getenv("HMOE_FUSED_DECODE") != nullptr) GTEST_SKIP() << "HMOE_FUSED_DECODE is set: it overrides the plans";
+  const ScopedTunedDir dir;
+  const testkit::LayerWeights& weights = cached_weights("olmoe-1b-7b");
+  const std::string device = dispatch::current_device_name();
+  const std::string name = dispatch::tuned_file_name(weights.spec, device);
+  std::ofstream(fs::path(dir.path()) / name)
+      << "{\"device_name\": " << dispatch::json_quote(device) << ", \"dtype\": \"bf16\", \"E\": 64, \"N\": 1024, "
+      << "\"K\": 2048, \"buckets\": {\"1\": {\"gemm1\": \"swiglu_swap_t8_w64\", \"gemm2\": \"weighted_swap_t8_w64\", "
+      << "\"fused\": true}, \"4\": {\"gemm1\": \"swiglu_swap_t32_w64\", \"gemm2\": \"weighted_swap_t32_w64\"}}}";
+  PlanInfo plan;
+  testkit::CheckResult result = run_and_check(weights, 1, PlanOptions{1}, &plan);
+  EXPECT_TRUE(plan.fused_decode);
+  EXPECT_EQ(plan.gemm1_kernel, "decode_layer");
+  EXPECT_EQ(plan.source, "tuned:" + name);
+  expect_pass(result, plan, 1);
+  result = run_and_check(weights, 3, PlanOptions{3}, &plan);   // nearer bucket 4
+  EXPECT_FALSE(plan.fused_decode);
+  EXPECT_EQ(plan.gemm1_kernel, "swiglu_swap_t32_w64");
+  expect_pass(result, plan, 3);
+  PlanOptions off{1};
+  off.fused_decode = FusedDecode::kOff;
+  result = run_and_check(weights, 1, off, &plan);
+  EXPECT_FALSE(plan.fused_decode);
+  EXPECT_EQ(plan.gemm1_kernel, "swiglu_swap_t8_w64");
+  EXPECT_EQ(plan.source, "tuned:" + name);
+  expect_pass(result, plan, 1);
 }
 
 // The tuner may pick any eligible pair at any T: each must be correct at a decode-like and a

@@ -246,7 +246,7 @@ void expect_graph_replays_match(const testkit::LayerWeights& weights, const std:
         testkit::make_layer_inputs(weights, num_tokens, Entry::kLogits, {RoutingMode::kUniform, 1, 5}, stream.get());
     PlanOptions plan_options;
     plan_options.max_tokens = num_tokens;
-    plan_options.fused_decode = fused_decode;
+    plan_options.fused_decode = fused_decode ? FusedDecode::kOn : FusedDecode::kOff;
     const MoeRunner runner(spec, plan_options);
     if (fused_decode) EXPECT_TRUE(runner.plan_info(num_tokens).fused_decode) << label << " T=" << num_tokens;
     testkit::DeviceBuffer workspace(runner.workspace_bytes());

@@ -1,5 +1,5 @@
-// The fused decode layer (src/decode: the whole layer in one kernel at T ≤ decode::kMaxTokens, opt-in
-// through PlanOptions::fused_decode):
+// The fused decode layer (src/decode: the whole layer in one kernel at T ≤ decode::kMaxTokens, asked
+// for with PlanOptions::fused_decode = FusedDecode::kOn):
 // every preset and scheme against the reference at T = 1..4 through both entry points and skewed
 // routing, odd top-k ids (out of range, repeated within a token) against the reference and the
 // unfused kernels, bit-identical reruns, and where the plan says it runs.
@@ -40,7 +40,7 @@ void check_cases(const testkit::LayerWeights& weights, const std::string& name) 
     options.routing = c.routing;
     options.seed = 700 + c.num_tokens;
     options.static_act_scales = weights.static_act_scales;
-    options.fused_decode = true;
+    options.fused_decode = FusedDecode::kOn;
     const testkit::CheckResult result = testkit::check_layer(weights, options);
     const std::string what = name + " T=" + std::to_string(c.num_tokens) + " " + testkit::to_string(c.entry) + " " +
                              testkit::to_string(c.routing) + ": " + result.plan.gemm1_kernel + " rel_err " +
@@ -97,7 +97,7 @@ TEST(FusedDecode, OddIdsMatchTheReferenceAndTheUnfusedKernels) {
       PlanOptions options;
       options.max_tokens = tokens;
       options.orientation = orientation;
-      options.fused_decode = true;   // the forced orientation runs the unfused kernels
+      options.fused_decode = FusedDecode::kOn;   // the forced orientation runs the unfused kernels
       const MoeRunner runner(spec, options);
       EXPECT_EQ(runner.plan_info(tokens).fused_decode, orientation == Orientation::kAuto) << name;
       testkit::DeviceBuffer out(static_cast<std::size_t>(tokens) * spec.hidden * 2), workspace(runner.workspace_bytes()),

@@ -26,13 +26,14 @@ using testkit::RoutingMode;
 // A runner planned for max_tokens with its workspace and one poisoned-able output.
 struct Harness {
   Harness(const testkit::LayerWeights& weights, int max_tokens, Orientation orientation = Orientation::kAuto,
-          bool replay_graphs = false, bool fused_decode = true)
+          bool replay_graphs = false, FusedDecode fused_decode = FusedDecode::kOn)
       : runner(weights.spec, plan_options(max_tokens, orientation, replay_graphs, fused_decode)),
         workspace(runner.workspace_bytes()),
         out_count(static_cast<std::size_t>(max_tokens) * weights.spec.hidden),
         out(out_count * sizeof(std::uint16_t)) {}
 
-  static PlanOptions plan_options(int max_tokens, Orientation orientation, bool replay_graphs, bool fused_decode) {
+  static PlanOptions plan_options(int max_tokens, Orientation orientation, bool replay_graphs,
+                                  FusedDecode fused_decode) {
     PlanOptions options{max_tokens, orientation, 0, "", replay_graphs};
     options.fused_decode = fused_decode;
     return options;
@@ -263,7 +264,7 @@ TEST(RunnerContract, SkippedStagesLaunchNothingAndReuseTheWorkspace) {
     const testkit::LayerInputs inputs =
         testkit::make_layer_inputs(weights, num_tokens, Entry::kLogits, {}, stream.get());
     // Skipping runners run the unfused kernels, so the full run that fills their inputs does too.
-    const Harness full(weights, num_tokens, Orientation::kAuto, false, /*fused_decode=*/false);
+    const Harness full(weights, num_tokens, Orientation::kAuto, false, FusedDecode::kOff);
     const RunArgs args = full.args(weights, inputs);
     testkit::run_layer(full.runner, args, inputs, stream.get());
     stream.synchronize();

@@ -3,6 +3,7 @@ of the C++ API and of the binding surfaces as a Python exception carrying the C+
 fake DLPack arrays (fake_dlpack.py) or NumPy; every call here fails before anything is launched."""
 
 import importlib
+import os
 
 import pytest
 
@@ -102,6 +103,8 @@ def test_runner_plan_options():
                orientation="swap")
     with pytest.raises(hmoe.InvalidArgumentError, match=r"^hmoe: .*max_workspace_bytes"):
         hmoe.Runner(spec, 16, max_workspace_bytes=1)
+    raises_cpp("hmoe: invalid Runner.fused_decode = 'yes': expected one of 'auto', 'on', 'off'", hmoe.Runner, spec,
+               16, fused_decode="yes")
 
 
 def test_runner_plans_on_the_host():
@@ -112,6 +115,21 @@ def test_runner_plans_on_the_host():
     assert plan["orientation"] in ("normal", "swap") and plan["gemm1_kernel"] in hmoe.compiled_kernels()
     assert plan["gemm1_splits"] >= 1 and plan["gemm2_splits"] >= 1   # splits along K (1: none)
     assert runner.spec.top_k == 8
+
+
+@pytest.mark.skipif("HMOE_FUSED_DECODE" in os.environ, reason="HMOE_FUSED_DECODE overrides fused_decode")
+def test_runner_fused_decode_option():
+    spec = hmoe.Spec(**QWEN)
+    on = hmoe.Runner(spec, 64, fused_decode="on")
+    for tokens in (1, 4):
+        plan = on.plan_info(tokens)
+        assert plan["fused_decode"] and plan["gemm1_kernel"] == "decode_layer" and plan["gemm2_kernel"] == ""
+        assert plan["source"] == "option"
+    assert not on.plan_info(5)["fused_decode"]   # the fused layer runs T <= 4 only
+    off = hmoe.Runner(spec, 64, fused_decode="off")
+    assert not any(off.plan_info(tokens)["fused_decode"] for tokens in (1, 2, 3, 4))
+    # 'auto' (the default) follows the tuned table; a forced orientation never fuses.
+    assert not hmoe.Runner(spec, 64, orientation="swap", fused_decode="on").plan_info(1)["fused_decode"]
 
 
 def test_prepared_weight_bytes():
