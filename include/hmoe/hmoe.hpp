@@ -125,9 +125,9 @@ enum class Orientation {
 // "Fused decode layer").
 enum class FusedDecode {
   kAuto,   // at the T whose bucket in this device's tuned table says "fused" (no table: never)
-  kOff,    // never: the unfused kernels at every T
   kOn,     // wherever the fused layer applies (A/B timing, the tuner, tests)
-};
+  kOff,    // never: the unfused kernels at every T
+};   // NOTE: the values are the C API's hmoe_plan_options.fused_decode (0, 1, 2)
 
 // The stages of a layer, as bits of PlanOptions::skip_stages.
 enum StageBit : std::uint32_t {

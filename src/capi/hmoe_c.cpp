@@ -177,10 +177,7 @@ hmoe_status hmoe_runner_create_with_options(const hmoe_spec* spec, const hmoe_pl
                         ": expected 0 (auto), 1 (on) or 2 (off)");
     cpp.replay_graphs = options->replay_graphs == 1;
     cpp.warm_up = options->no_warm_up == 0;
-    // The C values follow zero-initialisation (0: the default, kAuto), not the C++ enum's order.
-    constexpr hmoe::FusedDecode kFusedDecode[] = {hmoe::FusedDecode::kAuto, hmoe::FusedDecode::kOn,
-                                                  hmoe::FusedDecode::kOff};
-    cpp.fused_decode = kFusedDecode[options->fused_decode];
+    cpp.fused_decode = static_cast<hmoe::FusedDecode>(options->fused_decode);   // same values (hmoe.hpp)
     *runner = new hmoe_runner{hmoe::MoeRunner(to_cpp(*spec), cpp)};
   });
 }

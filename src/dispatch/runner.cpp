@@ -122,9 +122,9 @@ MoeRunner::MoeRunner(const MoeSpec& spec, const PlanOptions& options) : spec_(sp
     throw Error("hmoe: invalid PlanOptions.orientation = " + std::to_string(orientation) +
                 ": expected 0 (auto), 1 (normal) or 2 (swap)");
   const int fused = static_cast<int>(options.fused_decode);
-  if (fused < static_cast<int>(FusedDecode::kAuto) || fused > static_cast<int>(FusedDecode::kOn))
+  if (fused < static_cast<int>(FusedDecode::kAuto) || fused > static_cast<int>(FusedDecode::kOff))
     throw Error("hmoe: invalid PlanOptions.fused_decode = " + std::to_string(fused) +
-                ": expected FusedDecode::kAuto (0), kOff (1) or kOn (2)");
+                ": expected FusedDecode::kAuto (0), kOn (1) or kOff (2)");
   if (options.split_k < 0)
     throw Error("hmoe: invalid PlanOptions.split_k = " + std::to_string(options.split_k) +
                 ": expected 0 (hmoe's rule), 1 (never split) or the number of splits");
