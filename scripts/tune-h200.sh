@@ -2,7 +2,8 @@
 # Tunes presets (bf16 by default, FP8 schemes on request) on this GPU into tuned/, then reports what tuning gained (tuned vs
 # analytic rule vs best single variant, geometric mean over the sweep), cold start and first-call
 # latency, and host overhead; a compact table last. About 4-5 minutes on an H200 after the build.
-# Usage: scripts/tune-h200.sh   (logs and the tuned tables also go to $OUT when set)
+# Usage: scripts/tune-h200.sh   (logs and the tuned tables also go to $OUT when set; the tables also
+# as $OUT/tuned.tgz)
 # Environment: HMOE_TUNE_PRESETS (default: the five presets), HMOE_TUNE_DTYPES (default "bf16"; any of
 # bf16 fp8-tensor fp8-channel fp8-block), HMOE_TUNE_ONLY=1 (tables and the tuned-vs-analytic recheck
 # only: no cold start, first-call or host-overhead steps).
@@ -49,7 +50,10 @@ for dtype in $dtypes; do
 done
 cp tuned/*.json "$out/tuned/" 2>/dev/null
 cp tuned/*.partial "$out/tuned/" 2>/dev/null   # an interrupted table, to resume from
-note "tables       | $(ls tuned/*.json 2>/dev/null | wc -l) in tuned/ (copied to \$OUT/tuned/)"
+# NOTE: the table names hold '=' and ','; the device tool does not return such files one by one, so
+# they also travel as one archive (unpack with: tar -xzf tuned.tgz).
+tar -czf "$out/tuned.tgz" tuned/*.json $(ls tuned/*.partial 2>/dev/null) 2>/dev/null
+note "tables       | $(ls tuned/*.json 2>/dev/null | wc -l) in tuned/ (copied to \$OUT/tuned/ and \$OUT/tuned.tgz)"
 
 # ---- Independent check, fresh measurements: tuned table vs analytic rule (empty HMOE_TUNED_DIR).
 empty=$(mktemp -d)
