@@ -64,6 +64,23 @@ typedef struct hmoe_run_args {
 
 typedef struct hmoe_runner hmoe_runner;
 
+/* What a runner plans for a run of num_tokens tokens (MoeRunner::plan_info of hmoe.hpp; the plan of
+   the first chunk when the run is chunked). Strings are NUL-terminated. */
+typedef struct hmoe_plan_info {
+  int orientation;               /* 1 normal, 2 swap-AB */
+  int token_tile;                /* tokens per GEMM tile */
+  int weight_tile;               /* weight rows per GEMM tile */
+  int num_chunks;                /* runs of at most the runner's chunk size each */
+  int gemm1_splits, gemm2_splits; /* ways each GEMM splits K over CTAs (1: not split) */
+  int fused_decode;              /* 1: the whole layer is one kernel (gemm1_kernel names it, gemm2_kernel
+                                    is ""); the tile fields are then the unfused plan's */
+  char gemm1_kernel[64];
+  char gemm2_kernel[64];
+  char source[256];              /* who chose: "analytic", "tuned:<table file>", "forced",
+                                    "batch-invariant"; for a fused plan "tuned:<file>", "option" or
+                                    "environment" (docs/DISPATCH.md) */
+} hmoe_plan_info;
+
 /* The message of the last failed call on this thread ("" when none). */
 const char* hmoe_last_error(void);
 
@@ -85,6 +102,8 @@ hmoe_status hmoe_runner_create_with_options(const hmoe_spec* spec, const hmoe_pl
                                             hmoe_runner** runner);
 void hmoe_runner_destroy(hmoe_runner* runner);
 hmoe_status hmoe_runner_workspace_bytes(const hmoe_runner* runner, size_t* bytes);
+/* num_tokens >= 1 (any count: larger ones report their chunking); works without a GPU. */
+hmoe_status hmoe_runner_plan_info(const hmoe_runner* runner, int num_tokens, hmoe_plan_info* info);
 hmoe_status hmoe_run_from_logits(const hmoe_runner* runner, const hmoe_run_args* args, const void* router_logits,
                                  void* stream);
 hmoe_status hmoe_run_from_topk(const hmoe_runner* runner, const hmoe_run_args* args, const int32_t* topk_ids,

@@ -2,7 +2,9 @@
 // exceptions into status codes with a per-thread message.
 #include "hmoe/hmoe.h"
 
+#include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "hmoe/hmoe.hpp"
@@ -22,6 +24,15 @@ Enum checked_enum(int value, int count, const char* field) {
     throw hmoe::Error(std::string("hmoe: invalid ") + field + " = " + std::to_string(value) + ": expected 0.." +
                       std::to_string(count - 1));
   return static_cast<Enum>(value);
+}
+
+// Copies value with its NUL into a hmoe_plan_info field; a value that would not fit is an internal
+// error, never a silently cut string.
+template <std::size_t kSize>
+void copy_string(const std::string& value, char (&field)[kSize], const char* name) {
+  if (value.size() >= kSize)
+    throw std::logic_error(std::string("hmoe: hmoe_plan_info.") + name + " cannot hold \"" + value + "\"");
+  std::memcpy(field, value.c_str(), value.size() + 1);
 }
 
 hmoe::MoeSpec to_cpp(const hmoe_spec& spec) {
@@ -194,6 +205,28 @@ hmoe_status hmoe_runner_workspace_bytes(const hmoe_runner* runner, size_t* bytes
     require(runner, "runner");
     require(bytes, "bytes");
     *bytes = runner->runner.workspace_bytes();
+  });
+}
+
+hmoe_status hmoe_runner_plan_info(const hmoe_runner* runner, int num_tokens, hmoe_plan_info* info) {
+  return guarded([&] {
+    require(runner, "runner");
+    require(info, "info");
+    if (num_tokens < 1)
+      throw hmoe::Error("hmoe: invalid num_tokens = " + std::to_string(num_tokens) + ": expected 1 or more");
+    const hmoe::PlanInfo plan = runner->runner.plan_info(num_tokens);
+    hmoe_plan_info out{};
+    out.orientation = static_cast<int>(plan.orientation);
+    out.token_tile = plan.token_tile;
+    out.weight_tile = plan.weight_tile;
+    out.num_chunks = plan.num_chunks;
+    out.gemm1_splits = plan.gemm1_splits;
+    out.gemm2_splits = plan.gemm2_splits;
+    out.fused_decode = plan.fused_decode ? 1 : 0;
+    copy_string(plan.gemm1_kernel, out.gemm1_kernel, "gemm1_kernel");
+    copy_string(plan.gemm2_kernel, out.gemm2_kernel, "gemm2_kernel");
+    copy_string(plan.source, out.source, "source");
+    *info = out;
   });
 }
 

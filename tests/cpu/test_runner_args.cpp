@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "hmoe/hmoe.h"
@@ -174,6 +175,52 @@ TEST(CApi, RunnerRoundTripAndZeroTokens) {
   EXPECT_EQ(hmoe_run_from_logits(runner, &args, fake_device_pointer(0x5000), nullptr), HMOE_OK) << hmoe_last_error();
   args.workspace_size = bytes - 256;
   EXPECT_EQ(hmoe_run_from_logits(runner, &args, fake_device_pointer(0x5000), nullptr), HMOE_INVALID_ARGUMENT);
+  hmoe_runner_destroy(runner);
+}
+
+// hmoe_runner_plan_info reports what MoeRunner::plan_info does, field by field: Swap-AB and normal
+// plans, the fused decode layer (with who turned it on), chunked runs; bad arguments are named.
+TEST(CApi, PlanInfoMatchesTheCppRunner) {
+  if (std::getenv("HMOE_FUSED_DECODE") != nullptr) GTEST_SKIP() << "HMOE_FUSED_DECODE is set: it overrides the plans";
+  hmoe_spec spec{};
+  ASSERT_EQ(hmoe_spec_preset("qwen3-30b-a3b", &spec), HMOE_OK);
+  const std::size_t cap = 64u << 20;   // forces chunks at the largest T
+  hmoe_plan_options options{8192, 0, cap};
+  options.fused_decode = 1;   // on
+  hmoe_runner* runner = nullptr;
+  ASSERT_EQ(hmoe_runner_create_with_options(&spec, &options, &runner), HMOE_OK) << hmoe_last_error();
+  hmoe::PlanOptions cpp_options;
+  cpp_options.max_tokens = 8192;
+  cpp_options.max_workspace_bytes = cap;
+  cpp_options.fused_decode = hmoe::FusedDecode::kOn;
+  const hmoe::MoeRunner cpp(hmoe::preset("qwen3-30b-a3b"), cpp_options);
+  bool saw_fused = false, saw_swap = false, saw_normal = false, saw_chunks = false;
+  for (int tokens : {1, 3, 5, 64, 1000, 8192}) {
+    hmoe_plan_info info{};
+    ASSERT_EQ(hmoe_runner_plan_info(runner, tokens, &info), HMOE_OK) << hmoe_last_error();
+    const hmoe::PlanInfo expected = cpp.plan_info(tokens);
+    EXPECT_EQ(info.orientation, static_cast<int>(expected.orientation)) << tokens;
+    EXPECT_EQ(info.token_tile, expected.token_tile) << tokens;
+    EXPECT_EQ(info.weight_tile, expected.weight_tile) << tokens;
+    EXPECT_EQ(info.num_chunks, expected.num_chunks) << tokens;
+    EXPECT_EQ(info.gemm1_splits, expected.gemm1_splits) << tokens;
+    EXPECT_EQ(info.gemm2_splits, expected.gemm2_splits) << tokens;
+    EXPECT_EQ(info.fused_decode, expected.fused_decode ? 1 : 0) << tokens;
+    EXPECT_EQ(std::string(info.gemm1_kernel), expected.gemm1_kernel) << tokens;
+    EXPECT_EQ(std::string(info.gemm2_kernel), expected.gemm2_kernel) << tokens;
+    EXPECT_EQ(std::string(info.source), expected.source) << tokens;
+    saw_fused |= info.fused_decode == 1 && std::string(info.source) == "option" && info.gemm2_kernel[0] == '\0';
+    saw_swap |= info.fused_decode == 0 && info.orientation == 2;
+    saw_normal |= info.orientation == 1;
+    saw_chunks |= info.num_chunks > 1;
+  }
+  EXPECT_TRUE(saw_fused && saw_swap && saw_normal && saw_chunks) << "the sweep covers every kind of plan";
+  hmoe_plan_info info{};
+  EXPECT_EQ(hmoe_runner_plan_info(runner, 0, &info), HMOE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hmoe_last_error()).find("num_tokens = 0"), std::string::npos) << hmoe_last_error();
+  EXPECT_EQ(hmoe_runner_plan_info(runner, 1, nullptr), HMOE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hmoe_last_error()).find("info is null"), std::string::npos) << hmoe_last_error();
+  EXPECT_EQ(hmoe_runner_plan_info(nullptr, 1, &info), HMOE_INVALID_ARGUMENT);
   hmoe_runner_destroy(runner);
 }
 
