@@ -35,7 +35,8 @@ constexpr int kHostOverheadCalls = 2000;
 constexpr const char* kBenchUsage =
     "usage: hmoe bench (--model PRESET | --spec E,k,H,I) [--tokens T[,T...]] [--dtype DTYPE]\n"
     "                  [--routing uniform|zipf|extreme] [--orientation auto|normal|swap] [--seed N]\n"
-    "                  [--batch-invariant] [--split-k auto|N] [--peers cublas] [--e2e] [--json FILE]\n"
+    "                  [--batch-invariant] [--split-k auto|N] [--fused-decode auto|on|off] [--peers cublas]\n"
+    "                  [--e2e] [--json FILE]\n"
     "                  [--csv FILE]\n"
     "                  [--explain | --host-overhead | --skip STAGE[,STAGE...]]\n"
     "       hmoe bench --ceilings [--json FILE]\n"
@@ -52,6 +53,9 @@ constexpr const char* kBenchUsage =
     "  --split-k      ways the Swap-AB GEMMs split K over CTAs: auto (default, hmoe's rule at decode\n"
     "                 sizes), 1 (never) or N (wherever a Swap-AB variant runs, capped by K); the plan\n"
     "                 column shows split-K G1/G2 when a GEMM splits\n"
+    "  --fused-decode the whole layer as one kernel at T <= 4 (PlanOptions::fused_decode): auto (default:\n"
+    "                 where this device's tuned table says so), on (wherever it applies) or off; the plan\n"
+    "                 column shows \"fused layer\" (HMOE_FUSED_DECODE=1/0 overrides it, as for every runner)\n"
     "  --peers        also time peers on the same card, shapes and expert load: cublas = per expert\n"
     "                 cublasGemmEx GEMM1, one SwiGLU kernel, per expert GEMM2, in a CUDA graph (GEMMs and\n"
     "                 activation only); prints its latency and the ratio hmoe/peer. PyTorch peers:\n"
@@ -163,7 +167,8 @@ BenchCommand parse_bench(const ParsedOptions& parsed) {
   command.json_path = parsed.get("--json", "");
   command.csv_path = parsed.get("--csv", "");
   if (command.mode == BenchMode::kCeilings) {
-    for (const char* option : {"--model", "--spec", "--tokens", "--routing", "--orientation", "--peers", "--csv", "--split-k"})
+    for (const char* option :
+         {"--model", "--spec", "--tokens", "--routing", "--orientation", "--peers", "--csv", "--split-k", "--fused-decode"})
       if (parsed.has(option)) throw UsageError(std::string("--ceilings takes no ") + option);
     for (const char* flag : {"--e2e", "--batch-invariant"})
       if (parsed.flag(flag)) throw UsageError(std::string("--ceilings takes no ") + flag);
@@ -189,6 +194,7 @@ BenchCommand parse_bench(const ParsedOptions& parsed) {
   command.options.seed = parse_seed(parsed.get("--seed", "1"));
   command.spec.batch_invariant = parsed.flag("--batch-invariant");
   command.options.split_k = parse_split_k(parsed.get("--split-k", "auto"));
+  command.options.fused_decode = parse_fused_decode(parsed.get("--fused-decode", "auto"));
   if (command.spec.batch_invariant && command.options.split_k > 1)
     throw UsageError("--batch-invariant layers never split K: --split-k must be auto or 1");
   if (command.spec.batch_invariant && command.options.orientation == Orientation::kSwapAB)
@@ -200,6 +206,8 @@ BenchCommand parse_bench(const ParsedOptions& parsed) {
     command.options.skip_stages = parse_skip(parsed.get("--skip", ""));
     command.skip_text = parsed.get("--skip", "");
     if (command.mode != BenchMode::kSweep) throw UsageError("--skip applies to timed sweeps only");
+    if (command.options.fused_decode == FusedDecode::kOn)
+      throw UsageError("--skip runs the unfused kernels (stages to leave out): not with --fused-decode on");
     for (const char* option : {"--json", "--csv", "--peers"})
       if (parsed.has(option)) throw UsageError(std::string("--skip rows are not a valid layer: no ") + option);
     if (parsed.flag("--e2e")) throw UsageError("--skip rows are not a valid layer: no --e2e");
@@ -207,6 +215,9 @@ BenchCommand parse_bench(const ParsedOptions& parsed) {
   command.e2e = parsed.flag("--e2e");
   if (command.e2e && !command.moe_layers)
     throw UsageError("--e2e needs --model PRESET (the model's MoE layer count); --spec describes one layer");
+  if (command.mode == BenchMode::kHostOverhead && parsed.has("--fused-decode"))
+    throw UsageError("--host-overhead plans default runners: --fused-decode applies to sweeps and --explain "
+                     "(HMOE_FUSED_DECODE=1/0 in the environment reaches every runner)");
   if (command.mode != BenchMode::kSweep) {
     for (const char* option : {"--json", "--csv", "--peers"})
       if (parsed.has(option)) throw UsageError(std::string(option) + " applies to timed sweeps, not --explain or --host-overhead");
@@ -450,6 +461,7 @@ int explain(const BenchCommand& command) {
     plan_options.max_tokens = num_tokens;
     plan_options.orientation = command.options.orientation;
     plan_options.split_k = command.options.split_k;
+    plan_options.fused_decode = command.options.fused_decode;
     const PlanInfo plan = MoeRunner(command.spec, plan_options).plan_info(num_tokens);
     std::printf("%6d %12.2f  %-20s %-28s %-28s %s\n", num_tokens,
                 static_cast<double>(num_tokens) * command.spec.top_k / command.spec.num_experts,
@@ -495,7 +507,7 @@ int run_bench(const std::vector<std::string>& args) {
     const ParsedOptions parsed = parse_options(
         args,
         {"--model", "--spec", "--tokens", "--dtype", "--routing", "--orientation", "--seed", "--peers", "--json",
-         "--csv", "--skip", "--split-k"},
+         "--csv", "--skip", "--split-k", "--fused-decode"},
         {"--explain", "--host-overhead", "--ceilings", "--batch-invariant", "--e2e"});
     if (parsed.help) {
       std::cout << kBenchUsage;

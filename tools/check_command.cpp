@@ -14,7 +14,7 @@ namespace {
 constexpr const char* kCheckUsage =
     "usage: hmoe check --model PRESET [--tokens T[,T...]] [--dtype DTYPE] [--routing uniform|zipf|extreme]\n"
     "                  [--entry logits|topk] [--orientation auto|normal|swap] [--seed N] [--ref-tokens N]\n"
-    "                  [--static-scales] [--ue8m0] [--split-k auto|N]\n"
+    "                  [--static-scales] [--ue8m0] [--split-k auto|N] [--fused-decode auto|on|off]\n"
     "  --model        a preset of DESIGN.md §3 (hmoe info lists them)\n"
     "  --tokens       token counts to check, comma separated (default 1,7,64,1000)\n"
     "  --dtype        bf16 (default), fp8-tensor, fp8-channel or fp8-block (see hmoe bench --help)\n"
@@ -28,6 +28,8 @@ constexpr const char* kCheckUsage =
     "  --ue8m0        FP8: power-of-two (UE8M0) scales for weights and activations\n"
     "  --split-k      ways the Swap-AB GEMMs split K over CTAs: auto (default, hmoe's rule at decode\n"
     "                 sizes), 1 (never) or N (wherever a Swap-AB variant runs, capped by K)\n"
+    "  --fused-decode the whole layer as one kernel at T <= 4: auto (default: where this device's tuned\n"
+    "                 table says so), on (wherever it applies) or off (PlanOptions::fused_decode)\n"
     "FP8 lines also give the error vs the unquantised bf16 layer (rel_err_bf16), for information\n"
     "prints one line per token count; exit 0 iff all pass, 1 if any fails or no Hopper GPU, 2 on bad usage\n";
 
@@ -58,6 +60,7 @@ CheckCommand parse_check(const ParsedOptions& parsed) {
   command.options.seed = parse_seed(parsed.get("--seed", "1"));
   command.options.max_reference_tokens = parse_positive_int("--ref-tokens", parsed.get("--ref-tokens", "256"));
   command.options.split_k = parse_split_k(parsed.get("--split-k", "auto"));
+  command.options.fused_decode = parse_fused_decode(parsed.get("--fused-decode", "auto"));
   return command;
 }
 
@@ -89,7 +92,7 @@ int run_check(const std::vector<std::string>& args) {
   try {
     const ParsedOptions parsed = parse_options(
         args, {"--model", "--tokens", "--dtype", "--routing", "--entry", "--orientation", "--seed", "--ref-tokens",
-               "--split-k"},
+               "--split-k", "--fused-decode"},
         {"--static-scales", "--ue8m0"});
     if (parsed.help) {
       std::cout << kCheckUsage;

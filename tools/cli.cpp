@@ -94,6 +94,13 @@ Orientation parse_orientation(const std::string& text) {
   throw UsageError("--orientation '" + text + "': expected auto, normal or swap");
 }
 
+FusedDecode parse_fused_decode(const std::string& text) {
+  if (text == "auto") return FusedDecode::kAuto;
+  if (text == "on") return FusedDecode::kOn;
+  if (text == "off") return FusedDecode::kOff;
+  throw UsageError("--fused-decode '" + text + "': expected auto, on or off");
+}
+
 int parse_count(const std::string& option, const std::string& text, int most) {
   long long value = 0;
   if (!parse_int(text, &value) || value < 1 || value > most)

@@ -48,6 +48,8 @@ int parse_positive_int(const std::string& option, const std::string& text);
 int parse_count(const std::string& option, const std::string& text, int most);
 std::uint64_t parse_seed(const std::string& text);
 Orientation parse_orientation(const std::string& text);
+// --fused-decode auto|on|off (PlanOptions::fused_decode).
+FusedDecode parse_fused_decode(const std::string& text);
 // --split-k: "auto" (0, hmoe's rule) or a count >= 1 (1: never split).
 int parse_split_k(const std::string& text);
 testkit::RoutingMode parse_routing(const std::string& text);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -43,7 +44,7 @@ TEST(BenchCli, HelpListsTheNewOptions) {
   const CliResult result = run_bench("--help");
   EXPECT_EQ(result.exit_code, 0) << result.output;
   for (const char* option : {"--spec", "--json", "--csv", "--peers", "--e2e", "--ceilings", "--batch-invariant",
-                             "--explain", "--routing", "--tokens", "--dtype", "--skip"})
+                             "--explain", "--routing", "--tokens", "--dtype", "--skip", "--fused-decode"})
     EXPECT_TRUE(contains(result.output, option)) << option << "\n" << result.output;
 }
 
@@ -113,6 +114,38 @@ TEST(BenchCli, ExplainWorksForSpecsAndShowsBatchInvariance) {
        at = result.output.find("batch-invariant\n", at + 1))
     ++rows;
   EXPECT_EQ(rows, 2u) << result.output;
+}
+
+// --fused-decode reaches the runner (PlanOptions::fused_decode): on puts the fused layer at T <= 4
+// with "option" as who chose it, off and auto without a table never; bad values and combinations
+// are usage errors.
+TEST(BenchCli, FusedDecodeOptionReachesThePlan) {
+  if (std::getenv("HMOE_FUSED_DECODE") != nullptr) GTEST_SKIP() << "HMOE_FUSED_DECODE is set: it overrides the plans";
+  const auto row = [](const std::string& output, int tokens) {
+    char prefix[16];
+    std::snprintf(prefix, sizeof(prefix), "%6d ", tokens);
+    const std::size_t at = output.find(std::string("\n") + prefix);
+    return at == std::string::npos ? std::string() : output.substr(at + 1, output.find('\n', at + 1) - at - 1);
+  };
+  CliResult result = run_bench("--model qwen3-30b-a3b --tokens 1,4,5 --explain --fused-decode on");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  for (int tokens : {1, 4}) {
+    EXPECT_TRUE(contains(row(result.output, tokens), "fused layer")) << tokens << "\n" << result.output;
+    EXPECT_TRUE(contains(row(result.output, tokens), "option")) << tokens << "\n" << result.output;
+  }
+  EXPECT_FALSE(contains(row(result.output, 5), "fused layer")) << result.output;
+  EXPECT_FALSE(row(result.output, 5).empty()) << result.output;
+  result = run_bench("--model qwen3-30b-a3b --tokens 1 --explain --fused-decode off");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_FALSE(contains(row(result.output, 1), "fused layer")) << result.output;
+  EXPECT_FALSE(row(result.output, 1).empty()) << result.output;
+  expect_usage_error("--model qwen3-30b-a3b --fused-decode yes", "--fused-decode 'yes': expected auto, on or off");
+  expect_usage_error("--model qwen3-30b-a3b --skip gemm1 --fused-decode on", "--fused-decode on");
+  expect_usage_error("--model qwen3-30b-a3b --host-overhead --fused-decode on", "--fused-decode");
+  expect_usage_error("--ceilings --fused-decode on", "--fused-decode");
+  const CliResult check = hmoe::test::run_cli("check --model qwen3-30b-a3b --fused-decode maybe");
+  EXPECT_EQ(check.exit_code, 2) << check.output;
+  EXPECT_TRUE(contains(check.output, "--fused-decode 'maybe'")) << check.output;
 }
 
 TEST(BenchCli, TimedModesSayWhenThereIsNoHopperGpu) {
