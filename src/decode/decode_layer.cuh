@@ -461,8 +461,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(KernelArgs a)
   __syncthreads();
 
   // ---- 6. GEMM2 × routing weight + combine: task = output column n of every token; its steps are
-  // kBatch2 vectors of the hits' w2 rows n, pipelined as in GEMM1. Lane
-  // vector (hit, v) is tracked by stepping, not dividing; per-slot token and scale come from tables.
+  // kBatch2 vectors of the hits' w2 rows n, pipelined as in GEMM1. Each lane's vector (hit, v) is
+  // tracked by stepping, not dividing; each slot's token and scale come from shared tables.
   {
     const int vectors = inter / kPer;   // per w2 row
     const int inter_groups = groups_of(inter);
