@@ -131,7 +131,9 @@ if [[ $skip != *" attrib "* ]]; then
   for item in ${HMOE_ATTRIB:-qwen3-30b-a3b:bf16:1 deepseek-v3-tp8:fp8-block:1}; do
     IFS=: read -r preset dtype tokens <<<"$item"
     [ "$(limit 90)" -lt 40 ] && { note "attrib $item | skipped: the time budget is spent"; continue; }
-    row() { timeout 25 "$bin/hmoe" bench --model "$preset" --dtype "$dtype" --tokens "$tokens" "$@" 2>>"$out/attrib.log" |
+    # NOTE: --fused-decode off throughout: the skipping runs cannot fuse, so the whole layer they are
+    # held against must not either (a tuned "fused" bucket would otherwise make it one kernel).
+    row() { timeout 25 "$bin/hmoe" bench --model "$preset" --dtype "$dtype" --tokens "$tokens" --fused-decode off "$@" 2>>"$out/attrib.log" |
               awk '$1 ~ /^[0-9]+$/ {print $2; exit}'; }
     whole=$(row)
     line="attrib $item | whole ${whole:-?} us;"
