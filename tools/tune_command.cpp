@@ -194,6 +194,17 @@ class Progress {
   int last_tenth_ = -1;
 };
 
+// One tuning point: T tokens, short, no floor measurement; the caller names what runs.
+testkit::BenchOptions point_options(int num_tokens) {
+  testkit::BenchOptions options;
+  options.token_counts = {num_tokens};
+  options.seconds_per_point = kSecondsPerPoint;
+  options.min_replays = kMinReplays;
+  options.input_sets = kInputSets;
+  options.measure_floor = false;
+  return options;
+}
+
 std::string analytic_id(const MoeSpec& spec, int num_tokens) {
   const dispatch::Plan plan = dispatch::choose_plan(spec, num_tokens, Orientation::kAuto);
   return dispatch::PlanVariant{plan.gemm1, plan.gemm2}.id();
@@ -265,13 +276,8 @@ int tune(const TuneTarget& target, const std::vector<std::string>& args) {
           continue;
         }
       }
-      testkit::BenchOptions options;
-      options.token_counts = {num_tokens};
+      testkit::BenchOptions options = point_options(num_tokens);
       options.force_variant = id;
-      options.seconds_per_point = kSecondsPerPoint;
-      options.min_replays = kMinReplays;
-      options.input_sets = kInputSets;
-      options.measure_floor = false;
       times[{num_tokens, id}] = testkit::bench_layer(weights, options).front().median_us;
       save_partial(target, times);
       ++measured_points;
@@ -284,13 +290,8 @@ int tune(const TuneTarget& target, const std::vector<std::string>& args) {
       } else if (dispatch::fused_decode_environment() == 0) {
         progress.advance(num_tokens, false, "fused layer (not timed: HMOE_FUSED_DECODE=0)");
       } else {
-        testkit::BenchOptions options;
-        options.token_counts = {num_tokens};
+        testkit::BenchOptions options = point_options(num_tokens);
         options.fused_decode = FusedDecode::kOn;
-        options.seconds_per_point = kSecondsPerPoint;
-        options.min_replays = kMinReplays;
-        options.input_sets = kInputSets;
-        options.measure_floor = false;
         const testkit::BenchRow row = testkit::bench_layer(weights, options).front();
         if (!row.plan.fused_decode)
           throw Error("hmoe tune: internal error: the fused decode layer did not run at T = " +

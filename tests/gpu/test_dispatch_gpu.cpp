@@ -85,16 +85,24 @@ TEST(DispatchGpu, EmptyTunedDirectoryRunsOnTheAnalyticRule) {
   }
 }
 
+// Writes the olmoe-1b-7b bf16 table for this device into dir with the given bucket members; returns
+// its file name.
+std::string write_olmoe_table(const ScopedTunedDir& dir, const std::string& buckets) {
+  const std::string device = dispatch::current_device_name();
+  const std::string name = dispatch::tuned_file_name(preset("olmoe-1b-7b"), device);
+  std::ofstream(fs::path(dir.path()) / name)
+      << "{\"device_name\": " << dispatch::json_quote(device) << ", \"dtype\": \"bf16\", \"E\": 64, \"N\": 1024, "
+      << "\"K\": 2048, \"buckets\": {" << buckets << "}}";
+  return name;
+}
+
 TEST(DispatchGpu, TunedTableForThisDeviceIsUsed) {
   HMOE_REQUIRE_HOPPER_GPU();
   const ScopedTunedDir dir;
   const testkit::LayerWeights& weights = cached_weights("olmoe-1b-7b");
-  const std::string device = dispatch::current_device_name();
-  const std::string name = dispatch::tuned_file_name(weights.spec, device);
   // A choice the analytic rule would not make at T = 4: Swap-AB with 32-token tiles.
-  std::ofstream(fs::path(dir.path()) / name)
-      << "{\"device_name\": " << dispatch::json_quote(device) << ", \"dtype\": \"bf16\", \"E\": 64, \"N\": 1024, "
-      << "\"K\": 2048, \"buckets\": {\"4\": {\"gemm1\": \"swiglu_swap_t32_w64\", \"gemm2\": \"weighted_swap_t32_w64\"}}}";
+  const std::string name = write_olmoe_table(
+      dir, "\"4\": {\"gemm1\": \"swiglu_swap_t32_w64\", \"gemm2\": \"weighted_swap_t32_w64\"}");
   PlanInfo plan;
   const testkit::CheckResult result = run_and_check(weights, 4, PlanOptions{4}, &plan);
   EXPECT_EQ(plan.source, "tuned:" + name);
@@ -110,12 +118,9 @@ TEST(DispatchGpu, TunedFusedBucketRunsTheFusedDecodeLayer) {
   if (std::getenv("HMOE_FUSED_DECODE") != nullptr) GTEST_SKIP() << "HMOE_FUSED_DECODE is set: it overrides the plans";
   const ScopedTunedDir dir;
   const testkit::LayerWeights& weights = cached_weights("olmoe-1b-7b");
-  const std::string device = dispatch::current_device_name();
-  const std::string name = dispatch::tuned_file_name(weights.spec, device);
-  std::ofstream(fs::path(dir.path()) / name)
-      << "{\"device_name\": " << dispatch::json_quote(device) << ", \"dtype\": \"bf16\", \"E\": 64, \"N\": 1024, "
-      << "\"K\": 2048, \"buckets\": {\"1\": {\"gemm1\": \"swiglu_swap_t8_w64\", \"gemm2\": \"weighted_swap_t8_w64\", "
-      << "\"fused\": true}, \"4\": {\"gemm1\": \"swiglu_swap_t32_w64\", \"gemm2\": \"weighted_swap_t32_w64\"}}}";
+  const std::string name = write_olmoe_table(
+      dir, "\"1\": {\"gemm1\": \"swiglu_swap_t8_w64\", \"gemm2\": \"weighted_swap_t8_w64\", \"fused\": true}, "
+           "\"4\": {\"gemm1\": \"swiglu_swap_t32_w64\", \"gemm2\": \"weighted_swap_t32_w64\"}");
   PlanInfo plan;
   testkit::CheckResult result = run_and_check(weights, 1, PlanOptions{1}, &plan);
   EXPECT_TRUE(plan.fused_decode);
