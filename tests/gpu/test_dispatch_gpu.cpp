@@ -142,17 +142,31 @@ TEST(DispatchGpu, TunedFusedBucketRunsTheFusedDecodeLayer) {
 
 // The tuner may pick any eligible pair at any T: each must be correct at a decode-like and a
 // prefill-like token count.
+// Every scheme, since the tuner may choose pairs the analytic rule never picks (FP8 variants
+// included); deepseek-v3-tp8 adds GEMM2's K = 256 (two 128-wide FP8 blocks per work item).
 TEST(DispatchGpu, EveryEligibleVariantPairMatchesTheReference) {
   HMOE_REQUIRE_HOPPER_GPU();
-  const testkit::LayerWeights& weights = cached_weights("qwen3-30b-a3b");
-  for (const dispatch::PlanVariant& variant : dispatch::eligible_plan_variants(weights.spec)) {
-    for (int num_tokens : {5, 1000}) {
-      PlanOptions options{num_tokens};
-      options.force_variant = variant.id();
-      PlanInfo plan;
-      const testkit::CheckResult result = run_and_check(weights, num_tokens, options, &plan);
-      EXPECT_EQ(plan.source, "forced");
-      expect_pass(result, plan, num_tokens);
+  const std::vector<std::pair<std::string, const testkit::LayerWeights*>> layers = {
+      {"qwen3-30b-a3b bf16", &cached_weights("qwen3-30b-a3b")},
+      {"qwen3-30b-a3b fp8-tensor", &cached_fp8_weights("qwen3-30b-a3b", QuantScheme::kPerTensor)},
+      {"qwen3-30b-a3b fp8-channel", &cached_fp8_weights("qwen3-30b-a3b", QuantScheme::kPerChannelPerToken)},
+      {"qwen3-30b-a3b fp8-block", &cached_fp8_weights("qwen3-30b-a3b", QuantScheme::kBlock128)},
+      {"deepseek-v3-tp8 fp8-block", &cached_fp8_weights("deepseek-v3-tp8", QuantScheme::kBlock128)},
+  };
+  for (const auto& [name, weights] : layers) {
+    const std::vector<dispatch::PlanVariant> variants = dispatch::eligible_plan_variants(weights->spec);
+    std::cout << name << ": " << variants.size() << " eligible pairs\n";
+    EXPECT_GE(variants.size(), 4u) << name;
+    for (const dispatch::PlanVariant& variant : variants) {
+      for (int num_tokens : {5, 1000}) {
+        PlanOptions options{num_tokens};
+        options.force_variant = variant.id();
+        PlanInfo plan;
+        const testkit::CheckResult result = run_and_check(*weights, num_tokens, options, &plan);
+        EXPECT_EQ(plan.source, "forced") << name;
+        EXPECT_EQ(plan.gemm1_kernel + "+" + plan.gemm2_kernel, variant.id()) << name;
+        expect_pass(result, plan, num_tokens);
+      }
     }
   }
 }
