@@ -8,11 +8,14 @@
 # tests check bench coldstart attrib), HMOE_ATTRIB (stage attribution, see the last step), HMOE_BUDGET_S (default 540: every step's timeout is cut to what is left of it,
 # later steps are skipped and said so). The summary and a tarball of every log (device-check-logs.tgz)
 # are written on any exit, so a device call that runs out of time still returns them.
+# NOTE: the logs go to a scratch folder and $OUT gets two files (summary.txt, device-check-logs.tgz):
+# the device tool returns at most 8 files from $OUT and drops the rest without saying which matter.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-out=${OUT:-/tmp/hmoe-device-check}
-mkdir -p "$out"
+dest=${OUT:-/tmp/hmoe-device-check}
+out=$(mktemp -d /tmp/hmoe-device-check-logs.XXXXXX)
+mkdir -p "$dest"
 full_bench=0
 [ "${1:-}" = "--full-bench" ] && full_bench=1
 summary=()
@@ -26,9 +29,9 @@ finish() {
   echo
   [ -s "$out/bench.log" ] && grep -vE '^(command|device|ceilings|fp8 ceiling|peer)|cublasLt' "$out/bench.log"
   echo
-  echo "==== device-check summary ($(date -u +%FT%TZ), $(( $(date +%s) - started )) s) ===="
-  printf '%s\n' "${summary[@]}"
-  tar -czf "$out/device-check-logs.tgz" -C "$out" --exclude device-check-logs.tgz --exclude sass.txt . 2>/dev/null
+  echo "==== device-check summary ($(date -u +%FT%TZ), $(( $(date +%s) - started )) s) ====" | tee "$dest/summary.txt"
+  printf '%s\n' "${summary[@]}" | tee -a "$dest/summary.txt"
+  tar -czf "$dest/device-check-logs.tgz" -C "$out" --exclude sass.txt . 2>/dev/null
 }
 trap finish EXIT
 

@@ -2,21 +2,32 @@
 # Tunes presets (bf16 by default, FP8 schemes on request) on this GPU into tuned/, then reports what tuning gained (tuned vs
 # analytic rule vs best single variant, geometric mean over the sweep), cold start and first-call
 # latency, and host overhead; a compact table last. About 4-5 minutes on an H200 after the build.
-# Usage: scripts/tune-h200.sh   (logs and the tuned tables also go to $OUT when set; the tables also
-# as $OUT/tuned.tgz)
+# Usage: scripts/tune-h200.sh   (with $OUT set, on any exit: $OUT/tuned.tgz holds the tables, finished
+# and interrupted (*.partial, to resume from), $OUT/tune-logs.tgz every log, $OUT/summary.txt the table.
+# Only three files: the device tool returns at most 8 from $OUT, and table names hold '=' and ',',
+# which it does not return one by one.)
 # Environment: HMOE_TUNE_PRESETS (default: the five presets), HMOE_TUNE_DTYPES (default "bf16"; any of
 # bf16 fp8-tensor fp8-channel fp8-block), HMOE_TUNE_ONLY=1 (tables and the tuned-vs-analytic recheck
 # only: no cold start, first-call or host-overhead steps).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-out=${OUT:-/tmp/hmoe-tune-h200}
-mkdir -p "$out/tuned"
+dest=${OUT:-/tmp/hmoe-tune-h200}
+out=$(mktemp -d /tmp/hmoe-tune-h200-logs.XXXXXX)
+mkdir -p "$dest"
 presets=${HMOE_TUNE_PRESETS:-"qwen3-30b-a3b deepseek-v3-tp8 olmoe-1b-7b qwen3-235b-a22b-tp4 mixtral-8x7b"}
 dtypes=${HMOE_TUNE_DTYPES:-bf16}
 summary=()
 note() { summary+=("$1"); }
 start_all=$(date +%s)
+finish() {
+  tar -czf "$dest/tuned.tgz" $(ls tuned/*.json tuned/*.partial 2>/dev/null) 2>/dev/null
+  tar -czf "$dest/tune-logs.tgz" -C "$out" . 2>/dev/null
+  echo
+  echo "==== tune-h200 summary ($(date -u +%FT%TZ), $(( $(date +%s) - start_all )) s after the build) ====" | tee "$dest/summary.txt"
+  printf '%s\n' "${summary[@]}" | tee -a "$dest/summary.txt"
+}
+trap finish EXIT
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
 
@@ -48,12 +59,7 @@ for dtype in $dtypes; do
     note "tune         | $preset $dtype: ${line:-FAILED (exit $rc, see $(basename "$log").err)} [$(( $(date +%s) - start )) s]"
   done
 done
-cp tuned/*.json "$out/tuned/" 2>/dev/null
-cp tuned/*.partial "$out/tuned/" 2>/dev/null   # an interrupted table, to resume from
-# NOTE: the table names hold '=' and ','; the device tool does not return such files one by one, so
-# they also travel as one archive (unpack with: tar -xzf tuned.tgz).
-tar -czf "$out/tuned.tgz" tuned/*.json $(ls tuned/*.partial 2>/dev/null) 2>/dev/null
-note "tables       | $(ls tuned/*.json 2>/dev/null | wc -l) in tuned/ (copied to \$OUT/tuned/ and \$OUT/tuned.tgz)"
+note "tables       | $(ls tuned/*.json 2>/dev/null | wc -l) in tuned/ (all of them go back in \$OUT/tuned.tgz)"
 
 # ---- Independent check, fresh measurements: tuned table vs analytic rule (empty HMOE_TUNED_DIR).
 empty=$(mktemp -d)
@@ -102,6 +108,4 @@ for preset in $host_presets; do
   echo "==== $preset: host overhead"; cat "$out/host-overhead-$preset.log"
 done
 grep -E '^\[  FAILED  \]' "$out/dispatch_tests.log" | head -20
-echo
-echo "==== tune-h200 summary ($(date -u +%FT%TZ), $(( $(date +%s) - start_all )) s after the build) ===="
-printf '%s\n' "${summary[@]}"
+# (the summary table is printed last by finish, on exit)
