@@ -61,6 +61,10 @@ elif [[ $skip != *" tests "* ]]; then
   rc=$?
   note "gpu tests  | filter ${HMOE_GTEST_FILTER:-*}: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]' "$out/gpu_tests.log" | tr '\n' ' ') (exit $rc)"
   grep -E '^\[  FAILED  \]' "$out/gpu_tests.log" | head -20
+  # Every relative error the tests printed, as one line: how close the whole suite runs to its bounds.
+  errors=$(grep -oE 'rel_err[ =:]+[0-9.eE+-]+' "$out/gpu_tests.log" | grep -oE '[0-9.]+([eE][+-]?[0-9]+)?$' | sort -g |
+           awk '{v[NR] = $1} END {p = int(NR * 0.99); if (p < 1) p = 1; if (NR) printf "%d values: median %.3g, p99 %.3g, max %.3g", NR, v[int(NR / 2) + 1], v[p], v[NR]}')
+  note "rel errors | ${errors:-none printed}"
 fi
 
 # ---- SASS: wgmma present, no local-memory traffic in the GEMM kernels.
