@@ -94,7 +94,7 @@ std::vector<double> grouped_gemm(const std::vector<RoutedSlot>& slots, const std
     const int row_end = std::min(weight_rows, row_begin + rows_per_item);
     for (const ExpertPanel& panel : panels) {
       for (int n = row_begin; n < row_end; n += kRowBlock) {
-        // A last odd row is dotted twice (the second copy's sums are dropped).
+        // A tail of fewer than kRowBlock rows repeats its last row (those sums are dropped).
         const int row_count = std::min(kRowBlock, row_end - n);
         const double* rows[kRowBlock];
         for (int r = 0; r < kRowBlock; ++r) {

@@ -140,10 +140,9 @@ TEST(DispatchGpu, TunedFusedBucketRunsTheFusedDecodeLayer) {
   expect_pass(result, plan, 1);
 }
 
-// The tuner may pick any eligible pair at any T: each must be correct at a decode-like and a
-// prefill-like token count.
-// Every scheme, since the tuner may choose pairs the analytic rule never picks (FP8 variants
-// included); deepseek-v3-tp8 adds GEMM2's K = 256 (two 128-wide FP8 blocks per work item).
+// The tuner may pick any eligible pair at any T, also pairs the analytic rule never picks: each
+// must be correct at a decode-like and a prefill-like token count, in every scheme;
+// deepseek-v3-tp8 adds GEMM2's K = 256 (two 128-wide FP8 blocks per work item).
 TEST(DispatchGpu, EveryEligibleVariantPairMatchesTheReference) {
   HMOE_REQUIRE_HOPPER_GPU();
   const std::vector<std::pair<std::string, const testkit::LayerWeights*>> layers = {
