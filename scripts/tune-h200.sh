@@ -107,5 +107,5 @@ done
 for preset in $host_presets; do
   echo "==== $preset: host overhead"; cat "$out/host-overhead-$preset.log"
 done
-grep -E '^\[  FAILED  \]' "$out/dispatch_tests.log" | head -20
+grep -E '^\[  FAILED  \]' "$out/dispatch_tests.log" | head -20 || true   # (no failure is not an error)
 # (the summary table is printed last by finish, on exit)

@@ -1,6 +1,8 @@
 // `hmoe info`: what this build can run and where — the version, the device, the presets, the compiled
 // GEMM kernel variants, and the kernels the runner's plan picks for a few token counts.
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <iostream>
 #include <string>
@@ -55,11 +57,14 @@ void print_compiled_kernels() {
 void print_kernel_registry() {
   const auto variants = gemm::gemm_variants();
   std::printf("compiled kernels (%zu), all ahead of time for sm_90a (no JIT at run time):\n", variants.size());
-  std::printf("  %-28s %-15s %-6s %6s %6s %6s %5s %s\n", "name", "epilogue", "orient", "tokens", "weight", "stages",
-              "dtype", "needs");
+  int name_width = 4;   // the columns line up under the longest name
+  for (const gemm::GemmVariant& variant : variants)
+    name_width = std::max(name_width, static_cast<int>(std::strlen(variant.name)));
+  std::printf("  %-*s %-15s %-6s %6s %6s %6s %8s %s\n", name_width, "name", "epilogue", "orient", "tokens", "weight",
+              "stages", "dtype", "needs");
   for (const gemm::GemmVariant& variant : variants) {
     const dispatch::GemmConstraints constraints = dispatch::constraints_of(variant);
-    std::printf("  %-28s %-15s %-6s %6d %6d %6d %5s H,I %% %d == 0\n", variant.name,
+    std::printf("  %-*s %-15s %-6s %6d %6d %6d %8s H,I %% %d == 0\n", name_width, variant.name,
                 variant.epilogue == gemm::EpilogueKind::kSwiGlu ? "gemm1-swiglu" : "gemm2-weighted",
                 dispatch::orientation_name(variant), variant.token_tile, variant.weight_tile, variant.stages,
                 to_string(constraints.dtype).c_str(), constraints.dim_alignment);
