@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Why an expert GEMM runs at the speed it does: Nsight Compute's hardware counters for every expert
+# GEMM launch of one layer run (`hmoe check`, one reference token), one compact line per launch:
+# duration, grid, SM / DRAM throughput, tensor-pipe activity, achieved occupancy, and the warp stall
+# reasons that dominate (cycles a warp waits per issued instruction, largest first).
+# Usage: scripts/profile-gemm.sh PRESET:DTYPE:T [...]   e.g. deepseek-v3-tp8:fp8-block:256
+# On the H200 only (ncu reads the counters on the Firecracker machines, --clock-control none as
+# METHOD.md asks). Uses a carried build/ (else build-device/); $OUT, when set, gets profile.tgz (the
+# raw CSV of every item) and profile.txt (the lines printed here).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+[ $# -ge 1 ] || { echo "usage: scripts/profile-gemm.sh PRESET:DTYPE:T [...]" >&2; exit 2; }
+command -v ncu >/dev/null || { echo "profile-gemm.sh: ncu not found (run it on the H200)" >&2; exit 1; }
+bin=build
+"$bin/hmoe" --help >/dev/null 2>&1 || bin=build-device
+"$bin/hmoe" --help >/dev/null 2>&1 || { echo "profile-gemm.sh: no hmoe binary in build/ or build-device/" >&2; exit 1; }
+work=$(mktemp -d /tmp/hmoe-profile.XXXXXX)
+dest=${OUT:-$work}
+mkdir -p "$dest"
+
+# Metric names differ between ncu versions: take the stall ratios and the tensor-pipe counter this
+# ncu knows (a name it does not know would fail the whole run).
+ncu --query-metrics >"$work/metrics.txt" 2>&1
+stalls=$(grep -oE '^smsp__average_warps_issue_stalled_[a-z_]+_per_issue_active' "$work/metrics.txt" | sort -u |
+         sed 's/$/.ratio/' | paste -sd, -)
+tensor=$(grep -oE '^sm__pipe_tensor_op_gmma_cycles_active' "$work/metrics.txt" | head -1)
+metrics="gpu__time_duration.sum,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers"
+metrics="$metrics,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed"
+metrics="$metrics,sm__warps_active.avg.pct_of_peak_sustained_active"
+[ -n "$tensor" ] && metrics="$metrics,$tensor.avg.pct_of_peak_sustained_active"
+[ -n "$stalls" ] && metrics="$metrics,$stalls"
+
+{
+for item in "$@"; do
+  IFS=: read -r preset dtype tokens <<<"$item"
+  csv="$work/${preset}_${dtype}_${tokens}.csv"
+  # The plan-time warm-up launches the same kernels on a small copy first: they show as short,
+  # small-grid lines above the layer's own two launches.
+  # --log-file keeps ncu's CSV apart from hmoe's own output. If this ncu refuses a metric, the run is
+  # repeated with the basic set alone.
+  profile() {
+    timeout 240 ncu --clock-control none --kernel-name regex:expert_gemm --metrics "$1" --csv --log-file "$csv" \
+      "$bin/hmoe" check --model "$preset" --dtype "$dtype" --tokens "$tokens" --ref-tokens 1 >"$csv.out" 2>&1
+  }
+  profile "$metrics"
+  rc=$?
+  if ! grep -q '"Metric Value"' "$csv" 2>/dev/null; then
+    profile "gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed"
+    rc="$rc, then $? with the basic metrics"
+  fi
+  echo "== $item (ncu exit $rc)"
+  python3 - "$csv" <<'EOF'
+import csv, re, sys
+try:
+    rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+except OSError:
+    rows = []
+if not rows:
+    print("  no ncu rows: see the .csv and .csv.out files in profile.tgz"); sys.exit(0)
+head, body = rows[0], rows[1:]
+col = {name: i for i, name in enumerate(head)}
+launches = {}
+for r in body:
+    key = (r[col["ID"]], r[col["Kernel Name"]])
+    launches.setdefault(key, {})[r[col["Metric Name"]]] = r[col["Metric Value"]]
+def num(v):
+    try: return float(v.replace(",", ""))
+    except ValueError: return float("nan")
+for (lid, name), m in launches.items():
+    config = name[name.find("GemmConfig<") + 11:name.find(">")] if "GemmConfig<" in name else name[:60]
+    # epilogue (0 SwiGLU, 1 x routing weight), swap_ab, token tile, weight tile, stages, gather,
+    # quant (0 bf16, 1 epilogue scale, 2 block scales): GemmConfig in src/gemm/config.hpp
+    config = re.sub(r"\((?:hmoe::gemm::)?\w+\)", "", config).replace(" ", "")
+    ms = {k: num(v) for k, v in m.items()}
+    tensor = next((v for k, v in ms.items() if k.startswith("sm__pipe_tensor_op_gmma")), float("nan"))
+    stalls = sorted(((v, k.replace("smsp__average_warps_issue_stalled_", "").replace("_per_issue_active.ratio", ""))
+                     for k, v in ms.items() if k.startswith("smsp__average_warps_issue_stalled")), reverse=True)
+    print(f"  #{lid} {config}")
+    print(f"     {ms.get('gpu__time_duration.sum', float('nan')) / 1e3:9.1f} us  grid {ms.get('launch__grid_size', 0):.0f}"
+          f"  regs {ms.get('launch__registers_per_thread', 0):.0f} (CTA limit {ms.get('launch__occupancy_limit_registers', 0):.0f})"
+          f"  SM {ms.get('sm__throughput.avg.pct_of_peak_sustained_elapsed', float('nan')):.0f}%"
+          f"  DRAM {ms.get('dram__throughput.avg.pct_of_peak_sustained_elapsed', float('nan')):.0f}%"
+          f"  tensor {tensor:.0f}%  warps {ms.get('sm__warps_active.avg.pct_of_peak_sustained_active', float('nan')):.0f}%")
+    print("     stalls/issue: " + ", ".join(f"{k} {v:.2f}" for v, k in stalls[:6]))
+EOF
+done
+} 2>&1 | tee "$dest/profile.txt"
+tar -czf "$dest/profile.tgz" -C "$work" --exclude metrics.txt . 2>/dev/null
