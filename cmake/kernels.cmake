@@ -47,6 +47,7 @@ set(HMOE_GEMM_VARIANTS
   "swiglu_swap_t16_w128_fp8block kSwiGlu true 16 128 8 false kBlockScale"
   "swiglu_swap_t32_w128_fp8block kSwiGlu true 32 128 8 false kBlockScale"
   "swiglu_swap_t64_w128_fp8block kSwiGlu true 64 128 6 false kBlockScale"
+  "swiglu_normal_t64_w64_fp8block kSwiGlu false 64 64 6 false kBlockScale"
   "swiglu_normal_t64_w128_fp8block kSwiGlu false 64 128 4 false kBlockScale"
   "swiglu_normal_t128_w128_fp8block kSwiGlu false 128 128 6 false kBlockScale"
   "weighted_swap_t8_w64_fp8block kRoutingWeight true 8 64 8 false kBlockScale"
@@ -56,6 +57,7 @@ set(HMOE_GEMM_VARIANTS
   "weighted_swap_t16_w128_fp8block kRoutingWeight true 16 128 8 false kBlockScale"
   "weighted_swap_t32_w128_fp8block kRoutingWeight true 32 128 8 false kBlockScale"
   "weighted_swap_t64_w128_fp8block kRoutingWeight true 64 128 6 false kBlockScale"
+  "weighted_normal_t64_w64_fp8block kRoutingWeight false 64 64 6 false kBlockScale"
   "weighted_normal_t64_w128_fp8block kRoutingWeight false 64 128 4 false kBlockScale"
   "weighted_normal_t128_w128_fp8block kRoutingWeight false 128 128 6 false kBlockScale"
 )

@@ -75,7 +75,11 @@ struct GemmConfig {
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "swizzle atoms are 1024 bytes");
   // + 1024 to align the dynamic buffer, + the barriers.
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 2 * kStages * 8;
-  static constexpr int kThreads = 128 * (kConsumers + 1);  // consumer warpgroup(s) + producer warpgroup
+  // Consumer warpgroup(s) + the producer. NOTE: with two consumers the producer is a whole
+  // warpgroup, since handing registers over (setmaxnreg) works per warpgroup; with one it is a single
+  // warp, so 160 threads × up to 204 registers let two CTAs share an SM where 256 threads let one
+  // (the FP8 64×128 normal tiles: 161 registers).
+  static constexpr int kThreads = kConsumers == 2 ? 128 * 3 : 128 + 32;
   // Whether launches may split K over several CTAs (GemmLaunch::splits). NOTE: only Swap-AB tiles,
   // the decode-size variants: their fragments are a few floats, and normal-orientation tiles run
   // where there are already more work items than SMs.
