@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Why an expert GEMM runs at the speed it does: Nsight Compute's hardware counters for every expert
 # GEMM launch of one layer run (`hmoe check`, one reference token), one compact line per launch:
-# duration, grid, SM / DRAM throughput, tensor-pipe activity, achieved occupancy, and the warp stall
+# duration, grid, SM / DRAM / L2 throughput, tensor-pipe activity, achieved occupancy, and the warp stall
 # reasons that dominate (cycles a warp waits per issued instruction, largest first).
 # Usage: scripts/profile-gemm.sh PRESET:DTYPE:T [...]   e.g. deepseek-v3-tp8:fp8-block:256
 # On the H200 only (ncu reads the counters on the Firecracker machines, --clock-control none as
 # METHOD.md asks). Uses a carried build/ (else build-device/); $OUT, when set, gets profile.tgz (the
-# raw CSV of every item) and profile.txt (the lines printed here).
+# raw CSV of every item and ncu's metric list) and profile.txt (the lines printed here).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -24,14 +24,17 @@ mkdir -p "$dest"
 ncu --query-metrics >"$work/metrics.txt" 2>&1
 stalls=$(grep -oE '^smsp__average_warps_issue_stalled_[a-z_]+_per_issue_active' "$work/metrics.txt" | sort -u |
          sed 's/$/.ratio/' | paste -sd, -)
-tensor=$(grep -oE '^sm__pipe_tensor_op_gmma_cycles_active' "$work/metrics.txt" | head -1)
+# NOTE: the first run on the H200 (2026-12-04) found no sm__pipe_tensor_op_gmma_cycles_active in this
+# ncu's list: take whichever tensor-pipe cycle counter it has (the list goes into profile.tgz).
+tensor=$(grep -oE '^ *sm__pipe_tensor(_op_gmma|_op_hmma)?_cycles_active\b' "$work/metrics.txt" | tr -d ' ' | head -1)
 metrics="gpu__time_duration.sum,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers"
 metrics="$metrics,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed"
-metrics="$metrics,sm__warps_active.avg.pct_of_peak_sustained_active"
+metrics="$metrics,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active"
 [ -n "$tensor" ] && metrics="$metrics,$tensor.avg.pct_of_peak_sustained_active"
 [ -n "$stalls" ] && metrics="$metrics,$stalls"
 
 {
+echo "tensor-pipe counter: ${tensor:-none found by ncu --query-metrics} (the tensor column)"
 for item in "$@"; do
   IFS=: read -r preset dtype tokens <<<"$item"
   csv="$work/${preset}_${dtype}_${tokens}.csv"
@@ -81,9 +84,10 @@ for (lid, name), m in launches.items():
           f"  regs {ms.get('launch__registers_per_thread', 0):.0f} (CTA limit {ms.get('launch__occupancy_limit_registers', 0):.0f})"
           f"  SM {ms.get('sm__throughput.avg.pct_of_peak_sustained_elapsed', float('nan')):.0f}%"
           f"  DRAM {ms.get('dram__throughput.avg.pct_of_peak_sustained_elapsed', float('nan')):.0f}%"
+          f"  L2 {ms.get('lts__throughput.avg.pct_of_peak_sustained_elapsed', float('nan')):.0f}%"
           f"  tensor {tensor:.0f}%  warps {ms.get('sm__warps_active.avg.pct_of_peak_sustained_active', float('nan')):.0f}%")
     print("     stalls/issue: " + ", ".join(f"{k} {v:.2f}" for v, k in stalls[:6]))
 EOF
 done
 } 2>&1 | tee "$dest/profile.txt"
-tar -czf "$dest/profile.tgz" -C "$work" --exclude metrics.txt . 2>/dev/null
+tar -czf "$dest/profile.tgz" -C "$work" . 2>/dev/null
