@@ -4,6 +4,8 @@
 # duration, grid, SM / DRAM / L2 throughput, tensor-pipe activity, achieved occupancy, and the warp stall
 # reasons that dominate (cycles a warp waits per issued instruction, largest first).
 # Usage: scripts/profile-gemm.sh PRESET:DTYPE:T [...]   e.g. deepseek-v3-tp8:fp8-block:256
+# HMOE_PROFILE_SOURCE=1 adds, per item, where the warps of its two GEMM launches wait, per SASS
+# instruction (ncu warp-state sampling; two more ncu runs an item). NOT yet run on the H200.
 # On the H200 only (ncu reads the counters on the Firecracker machines, --clock-control none as
 # METHOD.md asks). Uses a carried build/ (else build-device/); $OUT, when set, gets profile.tgz (the
 # raw CSV of every item and ncu's metric list) and profile.txt (the lines printed here).
@@ -88,6 +90,41 @@ for (lid, name), m in launches.items():
           f"  tensor {tensor:.0f}%  warps {ms.get('sm__warps_active.avg.pct_of_peak_sustained_active', float('nan')):.0f}%")
     print("     stalls/issue: " + ", ".join(f"{k} {v:.2f}" for v, k in stalls[:6]))
 EOF
+  # HMOE_PROFILE_SOURCE=1: where the warps of the layer's two GEMM launches wait, per SASS instruction
+  # (ncu's warp-state sampling; launches 0 and 1 are the plan-time warm-up's): the instructions with
+  # the most samples, and the samples summed per opcode. The .ncu-rep files go into profile.tgz.
+  [ "${HMOE_PROFILE_SOURCE:-0}" = 1 ] || continue
+  for launch in 2 3; do
+    rep="$work/${preset}_${dtype}_${tokens}_launch$launch"
+    timeout 240 ncu --clock-control none --kernel-name regex:expert_gemm --launch-skip "$launch" --launch-count 1 \
+      --section SourceCounters --section WarpStateStats -f -o "$rep" \
+      "$bin/hmoe" check --model "$preset" --dtype "$dtype" --tokens "$tokens" --ref-tokens 1 >"$rep.out" 2>&1
+    rc=$?
+    ncu --import "$rep.ncu-rep" --page source --csv --print-source sass >"$rep.sass.csv" 2>"$rep.sass.err"
+    echo "  -- launch $launch: warp-state samples per SASS instruction (ncu exit $rc, import exit $?)"
+    python3 - "$rep.sass.csv" <<'EOF'
+import collections, csv, sys
+rows = list(csv.reader(open(sys.argv[1], errors="replace")))
+head_at = next((i for i, r in enumerate(rows) if any(c.startswith("Warp Stall Sampling (All") for c in r)), None)
+if head_at is None:
+    print("     no 'Warp Stall Sampling' column: see the .sass.csv / .sass.err files in profile.tgz"); sys.exit(0)
+head = rows[head_at]
+samples_col = next(i for i, c in enumerate(head) if c.startswith("Warp Stall Sampling (All"))
+source_col = head.index("Source") if "Source" in head else 1
+def num(v):
+    try: return float(v.replace(",", ""))
+    except ValueError: return 0.0
+lines = [(num(r[samples_col]), r[source_col].strip()) for r in rows[head_at + 1:] if len(r) > max(samples_col, source_col)]
+total = sum(n for n, _ in lines) or 1.0
+per_opcode = collections.Counter()
+for n, text in lines:
+    words = [w for w in text.split(" ") if w and not w.startswith("@")]   # drop a predicate (@P0, @!P1)
+    per_opcode[words[0].split(".")[0] if words else "?"] += n
+print("     per opcode: " + ", ".join(f"{op} {100 * n / total:.0f}%" for op, n in per_opcode.most_common(8)))
+for n, text in sorted(lines, reverse=True)[:15]:
+    print(f"     {100 * n / total:5.1f}%  {text[:100]}")
+EOF
+  done
 done
 } 2>&1 | tee "$dest/profile.txt"
 tar -czf "$dest/profile.tgz" -C "$work" . 2>/dev/null
