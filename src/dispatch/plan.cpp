@@ -32,24 +32,25 @@ Plan choose_plan(const MoeSpec& spec, int num_tokens, Orientation orientation, c
   Plan plan;
   const gemm::QuantKind quant = gemm::quant_kind(spec);
   const bool fp8 = quant != gemm::QuantKind::kNone;
-  // Swap-AB while an expert's tokens would fill less than one 64-row WGMMA tile: the weight rows
-  // then fill WGMMA's M side and the tokens are padded only to a multiple of 8 on N. FP8 switches
-  // at 16: its Swap-AB tiles of 32–64 tokens ran at 24–45% of the floor on H200 where the normal
-  // 128×128 tiles at twice the tokens took about as long (docs/PERF.md, FP8 v1).
-  const double swap_limit = fp8 ? 16.0 : 64.0;
+  // Swap-AB up to 16 tokens per expert, normal orientation above, token tiles sized for twice the
+  // tokens per expert, bf16 and FP8 alike: what `hmoe tune` picked on H200 for all five presets
+  // (tuned tables of 2026-12-04). At 32 and 64 tokens per expert every bf16 table runs the normal
+  // 64×128 and 128×256 tiles, 1.17–1.41× faster than the Swap-AB tiles the earlier bf16 rule (Swap-AB
+  // to 64, tiles of one times the tokens) ran; at 16 every table runs 32-token Swap-AB tiles, 1.24–1.30×
+  // faster than its 16-token ones (docs/DISPATCH.md, "The analytic rule"). Why twice: routed tokens
+  // spread around the mean, so a tile of the mean splits about half the experts into two tiles that
+  // each stream the expert's weights; for FP8 also the per-tile fixed costs (scale loads, promotion)
+  // weigh twice as much against half the weight bytes (docs/PERF.md, "FP8 tuned tables").
+  constexpr double kSwapLimit = 16.0;
   plan.swap_ab = orientation == Orientation::kSwapAB ||
-                 (orientation == Orientation::kAuto && tokens_per_expert <= swap_limit);
-  // FP8 token tiles are sized for twice the tokens per expert: at 8–64 tokens per expert `hmoe tune`
-  // picked the next larger tile on all five presets on H200 (1.09–1.23× faster; docs/PERF.md,
-  // "FP8 tuned tables") — an FP8 tile streams half the weight bytes of a bf16 one, so the per-tile
-  // fixed costs (pipeline fill, scale loads, promotion, epilogue) weigh twice as much.
-  const double tile_tokens = fp8 ? 2.0 * tokens_per_expert : tokens_per_expert;
+                 (orientation == Orientation::kAuto && tokens_per_expert <= kSwapLimit);
+  const double tile_tokens = 2.0 * tokens_per_expert;
   if (plan.swap_ab) {
     // FP8 Swap-AB tiles stop at 64 tokens (no 128-token FP8 Swap-AB variant is compiled).
     const int limit = orientation == Orientation::kSwapAB && !fp8 ? 128 : 64;
     plan.token_tile = std::clamp(next_power_of_two(tile_tokens), kMinTokenTile, limit);
   } else {
-    // 128×256 tiles (two consumer warpgroups) once an expert's tokens fill them; smaller experts
+    // 128-token tiles (two consumer warpgroups) once an expert's tokens fill them; smaller experts
     // would pad most of the 128 token rows.
     plan.token_tile = tile_tokens >= 128.0 ? 128 : 64;
   }

@@ -119,7 +119,10 @@ TEST(RunnerPlan, AutoOrientationSwapsForFewTokensPerExpert) {
   const hmoe::MoeRunner runner(spec, hmoe::PlanOptions{16384, hmoe::Orientation::kAuto});
   EXPECT_EQ(runner.plan_info(1).orientation, hmoe::Orientation::kSwapAB);
   EXPECT_EQ(runner.plan_info(1).token_tile, 8);
-  EXPECT_EQ(runner.plan_info(512).token_tile, 32);              // 32 tokens per expert
+  EXPECT_EQ(runner.plan_info(256).orientation, hmoe::Orientation::kSwapAB);   // 16 tokens per expert
+  EXPECT_EQ(runner.plan_info(256).token_tile, 32);
+  EXPECT_EQ(runner.plan_info(512).orientation, hmoe::Orientation::kNormal);   // 32 tokens per expert
+  EXPECT_EQ(runner.plan_info(512).token_tile, 64);
   EXPECT_EQ(runner.plan_info(16384).orientation, hmoe::Orientation::kNormal);
   const hmoe::MoeRunner forced(spec, hmoe::PlanOptions{16384, hmoe::Orientation::kNormal});
   EXPECT_EQ(forced.plan_info(1).orientation, hmoe::Orientation::kNormal);
