@@ -263,6 +263,8 @@ class MoeRunner {
   bool skips(StageBit stage) const { return (options_.skip_stages & stage) != 0; }
   // Whether a run (chunk) of num_tokens tokens is one fused decode kernel.
   bool fused_decode(int num_tokens) const;
+  // Whether some run (chunk) of this runner is: plan time then prepares and warms up the kernel.
+  bool fuses_at_any_decode_size() const;
   // The launches of a checked call, eagerly or into a capture (PlanOptions::replay_graphs).
   void enqueue_from_logits(const RunArgs& args, const void* router_logits, cudaStream_t stream) const;
   void enqueue_from_topk(const RunArgs& args, const std::int32_t* topk_ids, const float* topk_weights,

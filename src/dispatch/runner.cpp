@@ -154,9 +154,7 @@ void MoeRunner::prepare_kernels() const {
   routing::prepare(spec_);
   permute::prepare();
   permute::prepare_route_permute(spec_);
-  const bool fuses = dispatch::fuses_at_any_decode_size(spec_, options_, overrides_.get(), chunk_tokens_,
-                                                        dispatch::fused_decode_environment());
-  if (fuses) decode::prepare(spec_);
+  if (fuses_at_any_decode_size()) decode::prepare(spec_);
   if (spec_.weight_dtype == WeightDType::kFP8E4M3) quant::prepare();
   combine::prepare();
   gemm::prepare_tensor_maps();
@@ -290,8 +288,7 @@ void MoeRunner::warm_up() const {
   routing::launch_topk(small, logits, nullptr, tokens, at<int>(args.workspace, layout.topk_ids),
                        at<float>(args.workspace, layout.topk_weights), scratch.get());
   runner.run_from_topk(args, topk_ids, topk_weights, scratch.get());
-  if (dispatch::fuses_at_any_decode_size(spec_, options_, overrides_.get(), chunk_tokens_,
-                                         dispatch::fused_decode_environment())) {
+  if (fuses_at_any_decode_size()) {
     // Some T of this layer runs the fused decode kernel: once on the small copy too, on every SM.
     // At T = 1: one kernel serves every T, and the small copy needs no more shared memory than the
     // layer at any T.
@@ -450,6 +447,11 @@ void MoeRunner::enqueue_from_topk(const RunArgs& args, const std::int32_t* topk_
 bool MoeRunner::fused_decode(int num_tokens) const {
   const int environment = dispatch::fused_decode_environment();
   return !dispatch::fused_decode_source(spec_, options_, overrides_.get(), num_tokens, environment).empty();
+}
+
+bool MoeRunner::fuses_at_any_decode_size() const {
+  return dispatch::fuses_at_any_decode_size(spec_, options_, overrides_.get(), chunk_tokens_,
+                                            dispatch::fused_decode_environment());
 }
 
 // One chunk (the whole run when unchunked): [routing →] permute → GEMM1 → GEMM2 → combine, with its

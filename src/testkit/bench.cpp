@@ -86,9 +86,11 @@ std::vector<BenchRow> bench_layer(const LayerWeights& weights, const BenchOption
     plan_options.split_k = options.split_k;
     plan_options.fused_decode = options.fused_decode;
     std::optional<MoeRunner> full_runner;   // --skip only: fills each set's workspace once
-    // The skipping runner runs the unfused kernels (PlanOptions::fused_decode): so must its full run.
-    if (options.skip_stages != 0) plan_options.fused_decode = FusedDecode::kOff;
-    if (options.skip_stages != 0) full_runner.emplace(spec, plan_options);
+    if (options.skip_stages != 0) {
+      // The skipping runner runs the unfused kernels (PlanOptions::fused_decode): so must its full run.
+      plan_options.fused_decode = FusedDecode::kOff;
+      full_runner.emplace(spec, plan_options);
+    }
     plan_options.skip_stages = options.skip_stages;
     const MoeRunner runner(spec, plan_options);
     DeviceBuffer workspace(runner.workspace_bytes());
