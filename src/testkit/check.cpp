@@ -107,6 +107,7 @@ CheckResult check_layer(const LayerWeights& weights, const CheckOptions& options
   plan_options.max_workspace_bytes = options.max_workspace_bytes;
   plan_options.split_k = options.split_k;
   plan_options.fused_decode = options.fused_decode;
+  plan_options.force_variant = options.force_variant;
   MoeSpec run_spec = spec;
   run_spec.batch_invariant = spec.batch_invariant || options.batch_invariant;
   const MoeRunner runner(run_spec, plan_options);

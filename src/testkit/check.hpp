@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "hmoe/hmoe.hpp"
@@ -37,6 +38,9 @@ struct CheckOptions {
   // PlanOptions::fused_decode: kAuto (`hmoe check`) checks what a default runner plans; the fused
   // layer's tests ask for kOn.
   FusedDecode fused_decode = FusedDecode::kAuto;
+  // PlanOptions::force_variant ("<gemm1>+<gemm2>", empty: the dispatcher decides): `hmoe tune`
+  // checks the pair it keeps for a bucket.
+  std::string force_variant;
 };
 
 struct CheckResult {
