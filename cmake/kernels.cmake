@@ -4,6 +4,7 @@
 # quant: kNone (bf16), kEpilogueScale (fp8-tensor and fp8-channel), kBlockScale (fp8-block).
 set(HMOE_GEMM_VARIANTS
   "swiglu_normal_t64_w128 kSwiGlu false 64 128 4 false kNone"
+  "swiglu_normal_t64_w128_s3 kSwiGlu false 64 128 3 false kNone"
   "swiglu_normal_t128_w256 kSwiGlu false 128 256 4 false kNone"
   "swiglu_swap_t8_w64 kSwiGlu true 8 64 8 false kNone"
   "swiglu_swap_t8_w64_gather kSwiGlu true 8 64 8 true kNone"
@@ -15,6 +16,7 @@ set(HMOE_GEMM_VARIANTS
   "swiglu_swap_t32_w128 kSwiGlu true 32 128 8 false kNone"
   "swiglu_swap_t64_w128 kSwiGlu true 64 128 6 false kNone"
   "weighted_normal_t64_w128 kRoutingWeight false 64 128 4 false kNone"
+  "weighted_normal_t64_w128_s3 kRoutingWeight false 64 128 3 false kNone"
   "weighted_normal_t128_w256 kRoutingWeight false 128 256 4 false kNone"
   "weighted_swap_t8_w64 kRoutingWeight true 8 64 8 false kNone"
   "weighted_swap_t16_w64 kRoutingWeight true 16 64 8 false kNone"
