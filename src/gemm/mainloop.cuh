@@ -181,12 +181,90 @@ __device__ void consume_promoted(const SharedStorage<Config>& smem, PipelineStat
     cute::warpgroup_arrive();
     issue_stage<Config>(smem, state.stage, partial, false);
     cute::warpgroup_commit_batch();
-    cute::warpgroup_wait<0>();
+    if constexpr (!Config::kSwapAB) {
+      // The block's scales load while its batch runs (normal orientation: four a thread). NOTE: for
+      // the Swap-AB tiles the same measured slower at T = 256 (docs/PERF.md, eighth session).
+      const typename Promotion::Loaded scales = promotion.load(k_block);
+      cute::warpgroup_wait<0>();
+      #pragma unroll
+      for (int i = 0; i < kFragment; ++i) cute::warpgroup_fence_operand(partial[i]);
+      if (warp_leader) ptx::Barrier::arrive(&smem.empty[state.stage]);
+      state.advance<Config::kStages>();
+      promotion.apply(scales, partial, accumulator);
+    } else {
+      cute::warpgroup_wait<0>();
+      #pragma unroll
+      for (int i = 0; i < kFragment; ++i) cute::warpgroup_fence_operand(partial[i]);
+      if (warp_leader) ptx::Barrier::arrive(&smem.empty[state.stage]);
+      state.advance<Config::kStages>();
+      promotion.promote(k_block, partial, accumulator);
+    }
+  }
+}
+
+// Waits until only `kNewer` batches issued after `partial`'s remain in flight, hands its stage back
+// and promotes the K block into `accumulator`. NOTE: the wait count is a compile-time constant at
+// every call: with a run-time choice ptxas could not tell which registers were still being written
+// and serialised every wgmma (its warning C7514).
+template <int kNewer, class Config, class Promotion>
+__device__ __forceinline__ void retire_promoted(const SharedStorage<Config>& smem, const Promotion& promotion,
+                                                float (&accumulator)[Config::kTileN / 2],
+                                                float (&partial)[Config::kTileN / 2], int stage,
+                                                const typename Promotion::Loaded& scales) {
+  cute::warpgroup_wait<kNewer>();
+  #pragma unroll
+  for (int i = 0; i < Config::kTileN / 2; ++i) cute::warpgroup_fence_operand(partial[i]);
+  if (threadIdx.x % 32 == 0) ptx::Barrier::arrive(&smem.empty[stage]);
+  promotion.apply(scales, partial, accumulator);
+}
+
+// FP8, two-consumer normal-orientation tiles (prefill): as consume_promoted, but block k + 1's wgmma
+// is issued into a second partial before block k's is promoted, so each warpgroup keeps the tensor
+// cores busy through its own promotion instead of draining them every K block. NOTE: the loop is
+// unrolled by two so that each partial stays a register array with compile-time indices; three
+// 64-float fragments fit the 232 registers the consumers get with setmaxnreg.
+template <class Config, class Promotion>
+__device__ void consume_promoted_overlapped(const SharedStorage<Config>& smem, PipelineState& state, int k_begin,
+                                            int k_end, float (&accumulator)[Config::kTileN / 2],
+                                            const Promotion& promotion) {
+  constexpr int kFragment = Config::kTileN / 2;
+  float partial_even[kFragment], partial_odd[kFragment];
+  #pragma unroll
+  for (int i = 0; i < kFragment; ++i) accumulator[i] = 0.0f;
+  // Issues the next K block's batch into `partial` and returns its stage.
+  const auto issue = [&](float (&partial)[kFragment]) {
+    ptx::Barrier::wait(&smem.full[state.stage], state.phase);
     #pragma unroll
     for (int i = 0; i < kFragment; ++i) cute::warpgroup_fence_operand(partial[i]);
-    if (warp_leader) ptx::Barrier::arrive(&smem.empty[state.stage]);
+    cute::warpgroup_arrive();
+    issue_stage<Config>(smem, state.stage, partial, false);
+    cute::warpgroup_commit_batch();
+    const int stage = state.stage;
     state.advance<Config::kStages>();
-    promotion.promote(k_block, partial, accumulator);
+    return stage;
+  };
+  // Each block's scales are loaded when its batch is issued: their latency passes under the
+  // retirement of the block before (a 128×128 tile's promotion waited on them, ncu: docs/PERF.md).
+  using Loaded = typename Promotion::Loaded;
+  int k_block = k_begin;
+  Loaded even_scales = promotion.load(k_block);
+  int even_stage = issue(partial_even);
+  // partial_even holds block k_block in flight at the top of each round.
+  for (; k_block + 2 < k_end; k_block += 2) {
+    const Loaded odd_scales = promotion.load(k_block + 1);
+    const int odd_stage = issue(partial_odd);
+    retire_promoted<1>(smem, promotion, accumulator, partial_even, even_stage, even_scales);
+    even_scales = promotion.load(k_block + 2);
+    even_stage = issue(partial_even);
+    retire_promoted<1>(smem, promotion, accumulator, partial_odd, odd_stage, odd_scales);
+  }
+  if (k_block + 1 < k_end) {
+    const Loaded odd_scales = promotion.load(k_block + 1);
+    const int odd_stage = issue(partial_odd);
+    retire_promoted<1>(smem, promotion, accumulator, partial_even, even_stage, even_scales);
+    retire_promoted<0>(smem, promotion, accumulator, partial_odd, odd_stage, odd_scales);
+  } else {
+    retire_promoted<0>(smem, promotion, accumulator, partial_even, even_stage, even_scales);
   }
 }
 

@@ -70,10 +70,16 @@ __device__ __forceinline__ void apply_epilogue_scales(float (&acc)[Config::kTile
 // promoted into fp32 registers every 128 K it stays below 1%.
 template <class Config>
 struct PlainPromotion {
-  __device__ __forceinline__ void promote(int, const float (&partial)[Config::kTileN / 2],
-                                          float (&accumulator)[Config::kTileN / 2]) const {
+  struct Loaded {};   // no per-block scales
+  __device__ __forceinline__ Loaded load(int) const { return {}; }
+  __device__ __forceinline__ void apply(const Loaded&, const float (&partial)[Config::kTileN / 2],
+                                        float (&accumulator)[Config::kTileN / 2]) const {
     #pragma unroll
     for (int i = 0; i < Config::kTileN / 2; ++i) accumulator[i] += partial[i];
+  }
+  __device__ __forceinline__ void promote(int k_block, const float (&partial)[Config::kTileN / 2],
+                                          float (&accumulator)[Config::kTileN / 2]) const {
+    apply(load(k_block), partial, accumulator);
   }
 };
 
@@ -96,6 +102,36 @@ class BlockScales {
     }
     row_begin_ = item.tokens.row_begin;
     last_token_ = item.tokens.row_end - 1;
+  }
+
+  // Normal orientation: the four scales of one K block this thread's fragment takes, loaded ahead
+  // of the block's promotion (consume_promoted_overlapped loads them when it issues the block).
+  struct Loaded {
+    float weight[2];   // gate, up block
+    float token[2];    // the thread's two fragment rows
+  };
+  __device__ __forceinline__ Loaded load(int k_block) const {
+    static_assert(!Config::kSwapAB, "Swap-AB tiles take one token scale per fragment column: promote()");
+    Loaded loaded;
+    loaded.weight[0] = weight_blocks_[0][k_block];
+    loaded.weight[1] = weight_blocks_[1][k_block];
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) loaded.token[h] = token_scale(fragment_row(2 * h), k_block);
+    return loaded;
+  }
+  __device__ __forceinline__ void apply(const Loaded& loaded, const float (&partial)[Config::kTileN / 2],
+                                        float (&accumulator)[Config::kTileN / 2]) const {
+    float factor[2][2];   // [gate/up][fragment row half]
+    #pragma unroll
+    for (int g = 0; g < 2; ++g) {
+      #pragma unroll
+      for (int h = 0; h < 2; ++h) factor[g][h] = loaded.weight[g] * loaded.token[h];
+    }
+    #pragma unroll
+    for (int j = 0; j < Config::kTileN / 8; ++j) {
+      #pragma unroll
+      for (int r = 0; r < 4; ++r) accumulator[4 * j + r] += partial[4 * j + r] * factor[j % 2][r / 2];
+    }
   }
 
   // accumulator += partial × weight scale × token scale, for K block k_block.

@@ -48,10 +48,15 @@ MoeSpec softmax_spec(int experts, int top_k, int hidden, int intermediate) {
 MoeSpec custom_spec(const std::string& name) {
   if (name == "e1") return softmax_spec(1, 1, 256, 128);
   if (name == "e8-k8") return softmax_spec(8, 8, 256, 128);
+  // Experts whose w13 (64 MB) and w2 (32 MB) exceed half of Hopper's L2: the normal-orientation
+  // GEMMs interleave their token tiles in groups (PersistentScheduler, launch_expert_gemm).
+  if (name == "e4-wide") return softmax_spec(4, 2, 4096, 4096);
   return softmax_spec(16, 1, 512, 256);   // "e16-k1"
 }
 
-bool is_custom(const std::string& name) { return name == "e1" || name == "e8-k8" || name == "e16-k1"; }
+bool is_custom(const std::string& name) {
+  return name == "e1" || name == "e8-k8" || name == "e16-k1" || name == "e4-wide";
+}
 
 const testkit::LayerWeights& weights_for(const std::string& name) {
   if (!is_custom(name)) return cached_weights(name);
@@ -249,6 +254,9 @@ std::vector<HostileCase> hostile_cases() {
   // T·k > 8192 takes the multi-kernel permute path; 2049 tokens per expert fill 128-token tiles.
   cases.push_back({"e8-k8", 2049, RoutingMode::kZipf, Entry::kTopK, Orientation::kAuto});
   cases.push_back({"e8-k8", 2049, RoutingMode::kUniform, Entry::kLogits, Orientation::kSwapAB});
+  // Grouped token tiles: skewed routing leaves a last group shorter than the others.
+  cases.push_back({"e4-wide", 777, RoutingMode::kZipf, Entry::kTopK, Orientation::kNormal});
+  cases.push_back({"e4-wide", 2001, RoutingMode::kUniform, Entry::kLogits, Orientation::kNormal});
   for (const char* name : {"qwen3-30b-a3b", "deepseek-v3-tp8", "olmoe-1b-7b"}) {
     for (int tokens : {3, 1001}) {
       for (Orientation orientation : {Orientation::kNormal, Orientation::kSwapAB, Orientation::kAuto})
