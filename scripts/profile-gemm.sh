@@ -78,7 +78,7 @@ for (lid, name), m in launches.items():
     # quant (0 bf16, 1 epilogue scale, 2 block scales): GemmConfig in src/gemm/config.hpp
     config = re.sub(r"\((?:hmoe::gemm::)?\w+\)", "", config).replace(" ", "")
     ms = {k: num(v) for k, v in m.items()}
-    tensor = next((v for k, v in ms.items() if k.startswith("sm__pipe_tensor_op_gmma")), float("nan"))
+    tensor = next((v for k, v in ms.items() if k.startswith("sm__pipe_tensor")), float("nan"))
     stalls = sorted(((v, k.replace("smsp__average_warps_issue_stalled_", "").replace("_per_issue_active.ratio", ""))
                      for k, v in ms.items() if k.startswith("smsp__average_warps_issue_stalled")), reverse=True)
     print(f"  #{lid} {config}")
