@@ -104,8 +104,9 @@ class BlockScales {
     last_token_ = item.tokens.row_end - 1;
   }
 
-  // Normal orientation: the four scales of one K block this thread's fragment takes, loaded ahead
-  // of the block's promotion (consume_promoted_overlapped loads them when it issues the block).
+  // Normal orientation: the four scales of one K block this thread's fragment takes (tokens on
+  // rows, two a thread; weights on columns, 8-column groups alternating gate/up), loaded ahead of
+  // the block's promotion (the consumer loops load them when they issue the block).
   struct Loaded {
     float weight[2];   // gate, up block
     float token[2];    // the thread's two fragment rows
@@ -137,23 +138,13 @@ class BlockScales {
   // accumulator += partial × weight scale × token scale, for K block k_block.
   __device__ __forceinline__ void promote(int k_block, const float (&partial)[Config::kTileN / 2],
                                           float (&accumulator)[Config::kTileN / 2]) const {
-    constexpr int kFragment = Config::kTileN / 2;
-    const float weight_gate = weight_blocks_[0][k_block], weight_up = weight_blocks_[1][k_block];
     if constexpr (!Config::kSwapAB) {
-      // Tokens on rows (two per thread), weights on columns (8-column groups alternate gate/up).
-      float token[2];
-      #pragma unroll
-      for (int h = 0; h < 2; ++h) token[h] = token_scale(fragment_row(2 * h), k_block);
-      #pragma unroll
-      for (int j = 0; j < kFragment / 4; ++j) {
-        const float weight = j % 2 == 0 ? weight_gate : weight_up;
-        #pragma unroll
-        for (int r = 0; r < 4; ++r) accumulator[4 * j + r] += partial[4 * j + r] * (weight * token[r / 2]);
-      }
+      apply(load(k_block), partial, accumulator);
     } else {
       // Weights on rows (gate row, then the up row 8 below), tokens on columns.
+      const float weight_gate = weight_blocks_[0][k_block], weight_up = weight_blocks_[1][k_block];
       #pragma unroll
-      for (int j = 0; j < kFragment / 4; ++j) {
+      for (int j = 0; j < Config::kTileN / 8; ++j) {
         const float token[2] = {token_scale(fragment_column(j, 0), k_block), token_scale(fragment_column(j, 1), k_block)};
         #pragma unroll
         for (int r = 0; r < 4; ++r)
