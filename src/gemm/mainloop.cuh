@@ -161,11 +161,12 @@ __device__ void consume(const SharedStorage<Config>& smem, PipelineState& state,
 }
 
 // FP8: each K block of [k_begin, k_end) (one stage, 128 K) is multiplied into `partial`, then
-// promoted into the fp32 `accumulator` by `promotion.promote(k_block, partial, accumulator)` —
-// with its weight-block × token-group scale for 128×128 block scales (k_block is absolute, so a
-// split along K finds its blocks' scales), as is otherwise (scales.cuh says why). NOTE: the
-// promotion needs the block's wgmma retired, so each stage waits for its own batch; the second
-// consumer warpgroup and the producer's stages in flight keep the tensor cores busy meanwhile.
+// promoted into the fp32 `accumulator` by the Promotion (scales.cuh: `promote`, or `load` then
+// `apply` where the scales are fetched while the batch runs) — with its weight-block × token-group
+// scale for 128×128 block scales (k_block is absolute, so a split along K finds its blocks'
+// scales), as is otherwise (scales.cuh says why). NOTE: the promotion needs the block's wgmma
+// retired, so each stage waits for its own batch; another CTA on the SM and the producer's stages
+// in flight keep the tensor cores busy meanwhile (two-consumer tiles: consume_promoted_overlapped).
 template <class Config, class Promotion>
 __device__ void consume_promoted(const SharedStorage<Config>& smem, PipelineState& state, int k_begin, int k_end,
                                  float (&accumulator)[Config::kTileN / 2], const Promotion& promotion) {
