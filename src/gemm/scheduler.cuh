@@ -2,6 +2,7 @@
 // the device-side work list with a grid stride, so the launch is sized without knowing the routing.
 #pragma once
 
+#include "gemm/work_order.hpp"
 #include "permute/work_list.hpp"
 
 namespace hmoe::gemm {
@@ -33,18 +34,9 @@ class PersistentScheduler {
   // output tile are adjacent, so they run on different CTAs at the same time.
   __device__ bool next(WorkItem& item) {
     if (next_ >= total_) return false;
-    const int index = next_ / splits_;
-    int token_tile = index / weight_tiles_;
-    item.weight_tile = index % weight_tiles_;
-    // NOTE: the grouped order's three more divisions an item cost the decode-size tiles ~2 %
-    // (measured), so a group of one takes the plain order above.
-    if (token_group_ > 1) {
-      const int first = index / (token_group_ * weight_tiles_) * token_group_;   // the group's first token tile
-      const int in_group = min(token_group_, num_tiles_ - first);
-      const int local = index - first * weight_tiles_;
-      token_tile = first + local % in_group;
-      item.weight_tile = local / in_group;
-    }
+    const ItemTiles tiles = item_tiles(next_ / splits_, weight_tiles_, num_tiles_, token_group_);
+    const int token_tile = tiles.token_tile;
+    item.weight_tile = tiles.weight_tile;
     item.tokens = work_.tiles[token_tile];
     item.output_tile = token_tile * weight_tiles_ + item.weight_tile;
     item.split = next_ % splits_;
