@@ -182,22 +182,18 @@ __device__ void consume_promoted(const SharedStorage<Config>& smem, PipelineStat
     cute::warpgroup_arrive();
     issue_stage<Config>(smem, state.stage, partial, false);
     cute::warpgroup_commit_batch();
+    // Normal orientation: the block's scales (four a thread) load while its batch runs. NOTE: for
+    // the Swap-AB tiles the same measured slower at T = 256 (docs/PERF.md, eighth session).
+    [[maybe_unused]] typename Promotion::Loaded scales{};
+    if constexpr (!Config::kSwapAB) scales = promotion.load(k_block);
+    cute::warpgroup_wait<0>();
+    #pragma unroll
+    for (int i = 0; i < kFragment; ++i) cute::warpgroup_fence_operand(partial[i]);
+    if (warp_leader) ptx::Barrier::arrive(&smem.empty[state.stage]);
+    state.advance<Config::kStages>();
     if constexpr (!Config::kSwapAB) {
-      // The block's scales load while its batch runs (normal orientation: four a thread). NOTE: for
-      // the Swap-AB tiles the same measured slower at T = 256 (docs/PERF.md, eighth session).
-      const typename Promotion::Loaded scales = promotion.load(k_block);
-      cute::warpgroup_wait<0>();
-      #pragma unroll
-      for (int i = 0; i < kFragment; ++i) cute::warpgroup_fence_operand(partial[i]);
-      if (warp_leader) ptx::Barrier::arrive(&smem.empty[state.stage]);
-      state.advance<Config::kStages>();
       promotion.apply(scales, partial, accumulator);
     } else {
-      cute::warpgroup_wait<0>();
-      #pragma unroll
-      for (int i = 0; i < kFragment; ++i) cute::warpgroup_fence_operand(partial[i]);
-      if (warp_leader) ptx::Barrier::arrive(&smem.empty[state.stage]);
-      state.advance<Config::kStages>();
       promotion.promote(k_block, partial, accumulator);
     }
   }
