@@ -28,6 +28,8 @@ start_all=$(date +%s)
 started=$start_all
 budget=${HMOE_TUNE_BUDGET_S:-100000}
 left() { echo $(( budget - ($(date +%s) - started) )); }
+# True, and said in the summary, when a step (about a minute or more) no longer fits the budget.
+out_of_time() { [ "$(left)" -ge 60 ] && return 1; note "$1: skipped, $(left) s of the ${budget} s budget left"; }
 tables=${HMOE_TUNE_TABLES:-}
 if [ -z "$tables" ]; then
   for dtype in $dtypes; do for preset in $presets; do tables="$tables $preset:$dtype"; done; done
@@ -68,17 +70,14 @@ fi
 # ---- Tune every table into tuned/ (resumable: rerunning picks up *.partial files).
 for table in $tables; do
   preset=${table%%:*}; dtype=${table#*:}
-  if [ "$(left)" -lt 60 ]; then
-    note "tune         | $preset $dtype: skipped, $(left) s of the ${budget} s budget left"
-    continue
-  fi
+  out_of_time "tune         | $preset $dtype" && continue
   limit=$(( $(left) - 10 )); [ "$limit" -gt 600 ] && limit=600
   start=$(date +%s)
   log="$out/tune-$preset-$dtype"
   timeout "$limit" "$hmoe" tune --model "$preset" --dtype "$dtype" --out tuned >"$log.log" 2>"$log.err"
   rc=$?
   line=$(grep '^summary:' "$log.log" | sed 's/^summary: //')
-  [ $rc = 124 ] && line="STOPPED after ${limit} s (time budget; tuned/*.partial keeps its points)"
+  [ $rc = 124 ] && line="STOPPED by its ${limit} s timeout (tuned/*.partial keeps its points)"
   note "tune         | $preset $dtype: ${line:-FAILED (exit $rc, see $(basename "$log").err)} [$(( $(date +%s) - start )) s]"
 done
 note "tables       | $(ls tuned/*.json 2>/dev/null | wc -l) in tuned/ (all of them go back in \$OUT/tuned.tgz)"
@@ -89,7 +88,7 @@ recheck_dtypes=$(for table in $tables; do [ "${table%%:*}" = qwen3-30b-a3b ] && 
 empty=$(mktemp -d)
 for dtype in $recheck_dtypes; do
   preset=qwen3-30b-a3b
-  if [ "$(left)" -lt 60 ]; then note "bench recheck| $preset $dtype: skipped, $(left) s of the budget left"; continue; fi
+  out_of_time "bench recheck| $preset $dtype" && continue
   "$hmoe" bench --model "$preset" --dtype "$dtype" --explain >"$out/explain-$preset-$dtype.log" 2>&1
   timeout 60 "$hmoe" bench --model "$preset" --dtype "$dtype" --tokens 1,16,256,4096 >"$out/bench-tuned-$preset-$dtype.log" 2>&1
   HMOE_TUNED_DIR=$empty timeout 60 "$hmoe" bench --model "$preset" --dtype "$dtype" --tokens 1,16,256,4096 \
@@ -105,7 +104,7 @@ if [ "${HMOE_TUNE_ONLY:-0}" = 1 ]; then tables_timed=""; else tables_timed=$tabl
 # ---- Cold start and first-call latency, one fresh process per tuned table.
 for table in $tables_timed; do
   preset=${table%%:*}; dtype=${table#*:}
-  if [ "$(left)" -lt 60 ]; then note "coldstart    | $preset $dtype: skipped, $(left) s of the budget left"; continue; fi
+  out_of_time "coldstart    | $preset $dtype" && continue
   timeout 60 "$hmoe" coldstart --model "$preset" --dtype "$dtype" >"$out/coldstart-$preset-$dtype.log" 2>&1
   line=$(grep '^coldstart:' "$out/coldstart-$preset-$dtype.log" | sed 's/^coldstart: //')
   note "coldstart    | ${line:-$preset $dtype FAILED}"
@@ -114,7 +113,7 @@ done
 # ---- Host overhead: CPU time per run and per graph launch, launches per layer.
 host_presets="qwen3-30b-a3b deepseek-v3-tp8"; [ -z "$tables_timed" ] && host_presets=""
 for preset in $host_presets; do
-  if [ "$(left)" -lt 60 ]; then note "host         | $preset: skipped, $(left) s of the budget left"; continue; fi
+  out_of_time "host         | $preset" && continue
   timeout 60 "$hmoe" bench --model "$preset" --host-overhead >"$out/host-overhead-$preset.log" 2>&1
   while read -r t run p90 replay graph kernels nodes rest; do
     note "host         | $preset T=$t: run ${run} us (p90 ${p90}), replayed run ${replay} us, graph launch ${graph} us, ${kernels} kernels/${nodes} nodes"
