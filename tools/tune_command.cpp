@@ -37,6 +37,10 @@ constexpr const char* kDefaultBuckets = "1,2,4,8,16,32,64,128,256,512,1024,2048,
 // layer vary by ~1% over 0.05 s on H200, below the differences worth switching variants for.
 constexpr double kSecondsPerPoint = 0.05;
 constexpr int kMinReplays = 10;
+// Each point's untimed warm-up (bench's default 0.1 s settles the clocks of an idle GPU): the tuner's
+// points follow each other with only a plan and a graph capture between them, and the default made
+// the warm-ups two thirds of a tune (~0.1 of ~0.15 s a point; 40-47 s a table on the H200).
+constexpr double kWarmupSecondsPerPoint = 0.02;
 constexpr int kInputSets = 2;
 // Keep the analytic choice unless a variant beats it by more than this: a closer win is within the
 // noise of 0.05 s points, and the minimum over ~16 noisy timings is biased low.
@@ -58,11 +62,12 @@ constexpr const char* kTuneUsage =
     "  --tokens  token-count buckets of the table (default the DESIGN.md §3 sweep 1,2,4,...,16384)\n"
     "  --out     directory of the table (default $HMOE_TUNED_DIR, else the source tree's tuned/)\n"
     "times every GEMM variant pair that can run the preset at each bucket (CUDA-graph replays, 0.05 s\n"
-    "per point), keeps the fastest unless the analytic rule's pair is within 2%; at buckets T <= 4 it\n"
-    "also times the fused decode layer (one kernel) and marks the bucket \"fused\" when that beats the\n"
-    "kept pair by more than 2% (PlanOptions::fused_decode = auto then runs it there). What a bucket\n"
-    "keeps is first checked against the float64 reference (4 sampled tokens); a pair that fails is\n"
-    "reported and the next fastest kept. Writes\n"
+    "per point after 0.02 s of warm-up), keeps the fastest unless the analytic rule's pair is within\n"
+    "2%; at buckets T <= 4 it also times the fused decode layer (one kernel) and marks the bucket\n"
+    "\"fused\" when that beats the kept pair by more than 2% (PlanOptions::fused_decode = auto then\n"
+    "runs it there). What a bucket keeps is first checked against the float64 reference (4 sampled\n"
+    "tokens; fp8-tensor above 6 tokens with static activation scales: the same GEMMs at a sample's\n"
+    "cost); a pair that fails is reported and the next fastest kept. Writes\n"
     "E=..,N=..,K=..,device_name=..,dtype=...json. Progress and ETA on stderr. Interrupted, a rerun\n"
     "resumes from <table>.partial. Exit 1 if no Hopper GPU, 2 on bad usage\n";
 
@@ -207,6 +212,7 @@ testkit::BenchOptions point_options(int num_tokens) {
   options.token_counts = {num_tokens};
   options.seconds_per_point = kSecondsPerPoint;
   options.min_replays = kMinReplays;
+  options.warmup_seconds = kWarmupSecondsPerPoint;
   options.input_sets = kInputSets;
   options.measure_floor = false;
   return options;
@@ -216,6 +222,25 @@ std::string analytic_id(const MoeSpec& spec, int num_tokens) {
   const dispatch::Plan plan = dispatch::choose_plan(spec, num_tokens, Orientation::kAuto);
   return dispatch::PlanVariant{plan.gemm1, plan.gemm2}.id();
 }
+
+// Static fp8-tensor activation scales for one check (the timed runs keep the dynamic ones).
+class StaticScalesWhileChecking {
+ public:
+  StaticScalesWhileChecking(testkit::LayerWeights& weights, bool active) : weights_(weights), active_(active) {
+    if (!active_) return;
+    const testkit::Stream stream;
+    testkit::set_static_act_scales(weights_, true, stream.get());
+  }
+  ~StaticScalesWhileChecking() {
+    if (active_) testkit::set_static_act_scales(weights_, false, nullptr);   // allocates nothing: no stream
+  }
+  StaticScalesWhileChecking(const StaticScalesWhileChecking&) = delete;
+  StaticScalesWhileChecking& operator=(const StaticScalesWhileChecking&) = delete;
+
+ private:
+  testkit::LayerWeights& weights_;
+  bool active_;
+};
 
 struct BucketChoice {
   int num_tokens = 0;
@@ -321,6 +346,12 @@ int tune(const TuneTarget& target, const std::vector<std::string>& args) {
       options.max_reference_tokens = kCheckedTokens;
       options.force_variant = fused_layer ? std::string() : id;
       options.fused_decode = fused_layer ? FusedDecode::kOn : FusedDecode::kOff;
+      // fp8-tensor's dynamic intermediate scale is the amax over every token's GEMM1 output, so the
+      // reference of a sampled check would still run GEMM1 on all T tokens (minutes for
+      // mixtral-8x7b at T = 16384). The pair's kernels are the same with static scales (the amax is a
+      // separate pass), so sampled buckets check with those: a sample's cost, the same GEMMs.
+      const StaticScalesWhileChecking scales(weights,
+                                             spec.scheme == QuantScheme::kPerTensor && num_tokens > kCheckedTokens + 2);
       const testkit::CheckResult result = testkit::check_layer(weights, options);
       ++checked_points;
       if (!result.passed) {

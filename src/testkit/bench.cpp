@@ -126,7 +126,8 @@ std::vector<BenchRow> bench_layer(const LayerWeights& weights, const BenchOption
     }
 
     const ReplayTiming timing =
-        time_graph_replays(graphs, options.seconds_per_point, options.min_replays, stream.get());
+        time_graph_replays(graphs, options.seconds_per_point, options.min_replays, stream.get(),
+                          options.warmup_seconds);
 
     BenchRow row;
     row.num_tokens = num_tokens;

@@ -10,6 +10,7 @@
 #include "hmoe/hmoe.hpp"
 #include "testkit/layer_data.hpp"
 #include "testkit/random_inputs.hpp"
+#include "testkit/replay_timing.hpp"
 
 namespace hmoe::testkit {
 
@@ -23,6 +24,9 @@ struct BenchOptions {
   int input_sets = 4;
   double seconds_per_point = 0.25;  // timed replays per token count, at least min_replays
   int min_replays = 40;
+  // Untimed replays before each point's timed ones (GPU seconds). The tuner, whose points run back
+  // to back on a GPU already busy, takes less.
+  double warmup_seconds = kDefaultWarmupSeconds;
   std::string force_variant;        // PlanOptions::force_variant (the tuner); empty: hmoe chooses
   // Count the experts each input set hits and hold the time against the floor (copies the routing
   // to the host and measures the ceilings once); the tuner, which only ranks variants, turns it off.

@@ -62,6 +62,18 @@ DeviceBuffer quantize_matrix(const MoeSpec& spec, WeightMatrix matrix, const Dev
 
 }  // namespace
 
+void set_static_act_scales(LayerWeights& weights, bool static_act_scales, cudaStream_t stream) {
+  if (static_act_scales && weights.spec.scheme != QuantScheme::kPerTensor)
+    throw Error("hmoe testkit: static activation scales exist for fp8-tensor only");
+  if (static_act_scales && weights.act_scales.get() == nullptr) {
+    const float scales[2] = {kStaticActScale, kStaticIntermediateActScale};
+    weights.act_scales = DeviceBuffer(sizeof(scales));
+    HMOE_CUDA_CHECK(cudaMemcpyAsync(weights.act_scales.get(), scales, sizeof(scales), cudaMemcpyHostToDevice, stream));
+    HMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  weights.static_act_scales = static_act_scales;
+}
+
 LayerWeights make_layer_weights(const MoeSpec& spec, std::uint64_t seed, bool keep_host_copy, cudaStream_t stream,
                                 bool static_act_scales) {
   validate(spec);
@@ -100,13 +112,7 @@ LayerWeights make_layer_weights(const MoeSpec& spec, std::uint64_t seed, bool ke
     // NOTE: the sources die at the end of this scope; preparation reads them asynchronously.
     HMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
-  weights.static_act_scales = static_act_scales;
-  if (static_act_scales) {
-    const float scales[2] = {kStaticActScale, kStaticIntermediateActScale};
-    weights.act_scales = DeviceBuffer(sizeof(scales));
-    HMOE_CUDA_CHECK(cudaMemcpyAsync(weights.act_scales.get(), scales, sizeof(scales), cudaMemcpyHostToDevice, stream));
-    HMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
-  }
+  set_static_act_scales(weights, static_act_scales, stream);
   if (is_grouped(spec)) {
     weights.correction_bias = DeviceBuffer(experts * sizeof(float));
     fill_uniform_f32(weights.correction_bias.as<float>(), experts, kCorrectionBiasScale, seed, kSaltCorrectionBias,

@@ -50,6 +50,10 @@ struct LayerWeights {
 // copies are freed before returning. static_act_scales: fp8-tensor only.
 LayerWeights make_layer_weights(const MoeSpec& spec, std::uint64_t seed, bool keep_host_copy, cudaStream_t stream,
                                 bool static_act_scales = false);
+// Switches fp8-tensor weights between dynamic activation scales and the static ones above (the
+// runs then read RunArgs.act_scale / intermediate_act_scale, and fp8_options() tells the reference).
+// NOTE: the GEMM kernels are the same either way: the dynamic scales come from separate amax passes.
+void set_static_act_scales(LayerWeights& weights, bool static_act_scales, cudaStream_t stream);
 
 struct LayerInputs {
   int num_tokens = 0;

@@ -8,7 +8,6 @@ namespace hmoe::testkit {
 namespace {
 
 constexpr int kWarmupRounds = 3;
-constexpr double kWarmupSeconds = 0.1;
 constexpr int kMaxReplays = 20000;
 
 double percentile(const std::vector<double>& sorted, double fraction) {
@@ -39,7 +38,7 @@ ReplayTiming summarize_replays(const std::vector<double>& replay_us, int graphs)
 }
 
 ReplayTiming time_graph_replays(const std::vector<GraphExec>& graphs, double seconds_per_point, int min_replays,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, double warmup_seconds) {
   if (graphs.empty()) throw Error("hmoe testkit: time_graph_replays needs at least one graph");
   const Event round_start;
   const Event round_stop;
@@ -50,11 +49,11 @@ ReplayTiming time_graph_replays(const std::vector<GraphExec>& graphs, double sec
   round_stop.record(stream);
   HMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
   const double estimated_replay_s = elapsed_ms(round_start, round_stop) * 1e-3 / graphs.size();
-  // Then keep replaying, untimed, until kWarmupSeconds of GPU time have passed: the clocks and the
+  // Then keep replaying, untimed, until warmup_seconds of GPU time have passed: the clocks and the
   // power state settle before the timed replays (three rounds alone are under a millisecond at
   // decode sizes, and a repeated sweep differed by 3.4% at T = 1, 1024 and 4096 with them).
   const double round_s = estimated_replay_s * graphs.size();
-  const int extra_rounds = static_cast<int>(std::min(kWarmupSeconds / std::max(round_s, 1e-7), 1e5));
+  const int extra_rounds = static_cast<int>(std::min(warmup_seconds / std::max(round_s, 1e-7), 1e5));
   for (int round = 0; round < extra_rounds; ++round)
     for (const GraphExec& graph : graphs) graph.launch(stream);
   int replays = static_cast<int>(seconds_per_point / std::max(estimated_replay_s, 1e-7));

@@ -24,10 +24,13 @@ struct ReplayTiming {
 // The statistics of replay times taken round-robin over `graphs` graphs (replay i ran graph i % graphs).
 ReplayTiming summarize_replays(const std::vector<double>& replay_us, int graphs);
 
-// Replays `graphs` round-robin: warm-up rounds for 0.1 s of GPU time, then as many replays as fit in
-// seconds_per_point (at least min_replays, a whole number of rounds), each timed alone between two
-// events. Throws hmoe::Error on any CUDA failure.
+// Untimed replays before the timed ones, in seconds of GPU time: the clocks and the power state settle.
+inline constexpr double kDefaultWarmupSeconds = 0.1;
+
+// Replays `graphs` round-robin: warm-up rounds for warmup_seconds of GPU time, then as many replays as
+// fit in seconds_per_point (at least min_replays, a whole number of rounds), each timed alone between
+// two events. Throws hmoe::Error on any CUDA failure.
 ReplayTiming time_graph_replays(const std::vector<GraphExec>& graphs, double seconds_per_point, int min_replays,
-                                cudaStream_t stream);
+                                cudaStream_t stream, double warmup_seconds = kDefaultWarmupSeconds);
 
 }  // namespace hmoe::testkit

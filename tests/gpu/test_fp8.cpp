@@ -186,6 +186,34 @@ TEST(Fp8SplitK, EverySchemeMatchesTheQuantisedReference) {
   }
 }
 
+// `hmoe tune` checks fp8-tensor buckets above 6 tokens with static activation scales on weights
+// made with dynamic ones (testkit::set_static_act_scales): each way the runs read the scales the
+// flag says (RunArgs.act_scale set only when static) and match the reference that follows the flag,
+// and switching back restores the dynamic path.
+TEST(Fp8ActScales, SwitchingStaticAndDynamicKeepsRunAndReferenceInStep) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  const testkit::Stream stream;
+  testkit::LayerWeights weights = testkit::make_layer_weights(fp8_spec("qwen3-30b-a3b", QuantScheme::kPerTensor),
+                                                              /*seed=*/31, /*keep_host_copy=*/true, stream.get());
+  for (bool static_scales : {true, false, true, false}) {
+    testkit::set_static_act_scales(weights, static_scales, stream.get());
+    const testkit::LayerInputs inputs =
+        testkit::make_layer_inputs(weights, 7, Entry::kLogits, {RoutingMode::kUniform, 33, 34}, stream.get());
+    const RunArgs args = testkit::run_args(weights, inputs, nullptr);
+    EXPECT_EQ(args.act_scale != nullptr, static_scales);
+    EXPECT_EQ(args.intermediate_act_scale != nullptr, static_scales);
+    EXPECT_EQ(weights.fp8_options().static_act_scale, static_scales);
+    for (int num_tokens : {7, 1000}) {
+      testkit::CheckOptions options;
+      options.num_tokens = num_tokens;
+      options.seed = 35 + num_tokens;
+      options.max_reference_tokens = 16;
+      const testkit::CheckResult result = testkit::check_layer(weights, options);
+      expect_passes(result, std::string(static_scales ? "static" : "dynamic") + " scales T=" + std::to_string(num_tokens));
+    }
+  }
+}
+
 // ---- Edge values ---------------------------------------------------------------------------------
 
 // One token of huge values (|x| far above 448 × any static scale: saturates, never Inf/NaN) and one
