@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Tunes presets (bf16 by default, FP8 schemes on request) on this GPU into tuned/, then reports what tuning gained (tuned vs
 # analytic rule vs best single variant, geometric mean over the sweep), cold start and first-call
-# latency, and host overhead; a compact table last. About 45 s a table on an H200 (fp8-tensor: up to
-# ~7 min for mixtral-8x7b, docs/PERF.md), after the build.
+# latency, and host overhead; a compact table last. About 15-25 s a table on an H200 (docs/PERF.md,
+# thirteenth session), after the build.
 # Usage: scripts/tune-h200.sh   (with $OUT set, on any exit: $OUT/tuned.tgz holds the tables, finished
 # and interrupted (*.partial, to resume from), $OUT/tune-logs.tgz every log, $OUT/summary.txt the table.
 # Only three files: the device tool returns at most 8 from $OUT, and table names hold '=' and ',',
