@@ -273,6 +273,7 @@ class MoeRunner {
   MoeSpec spec_;
   PlanOptions options_;
   int num_sms_ = 0;
+  bool scatter_x_ = true;                // prefill x rows read once per token (HMOE_SCATTER_X=0: off)
   std::size_t workspace_bytes_ = 0;
   int chunk_tokens_ = 0;
   std::size_t w13_scale_bytes_ = 0;      // FP8 weight scales, for the overlap checks (0 for bf16)

@@ -139,6 +139,7 @@ MoeRunner::MoeRunner(const MoeSpec& spec, const PlanOptions& options) : spec_(sp
   w13_scale_bytes_ = weight_scale_count(spec_, WeightMatrix::kW13) * sizeof(float);
   w2_scale_bytes_ = weight_scale_count(spec_, WeightMatrix::kW2) * sizeof(float);
   overrides_ = dispatch::make_plan_overrides(spec_, options_);
+  scatter_x_ = permute::scatter_x_environment();
   if (options.replay_graphs) graphs_ = std::make_shared<dispatch::GraphCache>();
   if (!dispatch::current_device_name().empty()) {
     prepare_kernels();
@@ -496,8 +497,12 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
     buffers.split_counters = split_counters;
     buffers.split_counter_count = gemm::kSplitCounters;
   }
-  const bool gather_x = !gemm_gathers && !fp8;
-  if (router_logits != nullptr && !gather_x && permute::route_permute_applies(spec_, tokens) &&
+  // Prefill: x rows read once per token, not once per (token, slot) (permute::scatter_x_rows).
+  const bool per_token = scatter_x_ && permute::scatter_x_rows(tokens, spec_.top_k);
+  const permute::GatherX gather = gemm_gathers || fp8 ? permute::GatherX::kNone
+                                  : per_token         ? permute::GatherX::kPerToken
+                                                      : permute::GatherX::kPerRow;
+  if (router_logits != nullptr && gather == permute::GatherX::kNone && permute::route_permute_applies(spec_, tokens) &&
       !skips(kStageRouting) && !skips(kStagePermute)) {
     // Decode sizes: routing and permute in one launch (the routing stage's bits, one kernel fewer).
     permute::launch_route_permute(spec_, router_logits, args.weights.correction_bias, tokens,
@@ -510,7 +515,7 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
                            stream);
     if (!skips(kStagePermute))
       permute::launch_permute(topk_ids, topk_weights, args.x, tokens, spec_.top_k, spec_.num_experts, spec_.hidden,
-                              plan.token_tile, gather_x, buffers, args.invalid_id_count, stream, pdl);
+                              plan.token_tile, gather, buffers, args.invalid_id_count, stream, pdl);
   }
   void* sorted_rows = buffers.sorted_x;
   // The valid expert-sorted rows: (token, slot) pairs with an id in [0, E).
@@ -525,6 +530,11 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
     rows.max_rows = entries;
     rows.cols = spec_.hidden;
     rows.amax_rows = tokens;
+    if (per_token) {
+      rows.slot_rows = buffers.slot_rows;
+      rows.top_k = spec_.top_k;
+      rows.tokens = tokens;
+    }
     if (!skips(kStageQuantizeX)) quant::launch_quantize_rows(spec_, rows, args.act_scale, buffers.sorted_x, x_scales, stream, pdl);
   }
 

@@ -1,6 +1,9 @@
 // Counting sort of (token, slot) pairs by expert. Counts and positions use atomics: the order of
 // rows inside one expert may differ between runs, but every row is computed independently and the
 // combine sums each token's slots in slot order, so outputs are bit-identical run to run.
+#include <cstdlib>
+#include <cstring>
+
 #include "common/cuda_check.hpp"
 #include "common/launch.cuh"
 #include "permute/permute.hpp"
@@ -83,10 +86,42 @@ __global__ void gather_rows_kernel(const uint4* __restrict__ x, const int* __res
   for (int v = lane; v < vectors_per_row; v += 32) destination[v] = source[v];
 }
 
+// Per token (prefill): one warp per (token, kScatterVectors-vector chunk of its x row) loads the chunk
+// once and stores it into each of the token's sorted rows (slot_rows; −1: an invalid id, no row).
+constexpr int kScatterVectorsPerLane = 4;
+constexpr int kScatterVectors = 32 * kScatterVectorsPerLane;
+__global__ void scatter_rows_kernel(const uint4* __restrict__ x, const int* __restrict__ slot_rows, int num_tokens,
+                                    int top_k, int vectors_per_row, uint4* __restrict__ sorted_x) {
+  pdl_start();
+  const int chunks = (vectors_per_row + kScatterVectors - 1) / kScatterVectors;
+  const long long warp = (blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x) / 32;
+  if (warp >= static_cast<long long>(num_tokens) * chunks) return;
+  const int token = static_cast<int>(warp / chunks);
+  const int first = static_cast<int>(warp % chunks) * kScatterVectors + threadIdx.x % 32;
+  const uint4* source = x + static_cast<long long>(token) * vectors_per_row;
+  uint4 chunk[kScatterVectorsPerLane];
+  #pragma unroll
+  for (int j = 0; j < kScatterVectorsPerLane; ++j)
+    if (first + 32 * j < vectors_per_row) chunk[j] = source[first + 32 * j];
+  for (int s = 0; s < top_k; ++s) {
+    const int row = slot_rows[static_cast<long long>(token) * top_k + s];
+    if (row < 0) continue;
+    uint4* destination = sorted_x + static_cast<long long>(row) * vectors_per_row;
+    #pragma unroll
+    for (int j = 0; j < kScatterVectorsPerLane; ++j)
+      if (first + 32 * j < vectors_per_row) destination[first + 32 * j] = chunk[j];
+  }
+}
+
 }  // namespace
 
+bool scatter_x_environment() {
+  const char* value = std::getenv("HMOE_SCATTER_X");
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
 void launch_permute(const int* topk_ids, const float* topk_weights, const void* x, int num_tokens, int top_k,
-                    int experts, int hidden, int token_tile, bool gather_x, const PermuteBuffers& buffers,
+                    int experts, int hidden, int token_tile, GatherX gather, const PermuteBuffers& buffers,
                     int* invalid_id_count, cudaStream_t stream, bool pdl) {
   if (experts > kScanThreads) throw Error("hmoe: permute supports at most 1024 experts");
   const int entries = num_tokens * top_k;
@@ -110,8 +145,16 @@ void launch_permute(const int* topk_ids, const float* topk_weights, const void* 
                                                                    buffers.expert_cursor, buffers.slot_rows,
                                                                    buffers.row_weights, buffers.sorted_tokens);
   }
-  if (!gather_x) return;
   constexpr int kWarpsPerBlock = 8;
+  if (gather == GatherX::kPerToken) {
+    const int vectors = hidden / 8;
+    const long long warps = static_cast<long long>(num_tokens) * ((vectors + kScatterVectors - 1) / kScatterVectors);
+    launch_kernel(pdl, scatter_rows_kernel, static_cast<int>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock),
+                  kWarpsPerBlock * 32, 0, stream, static_cast<const uint4*>(x), buffers.slot_rows, num_tokens, top_k,
+                  vectors, static_cast<uint4*>(buffers.sorted_x));
+    return;
+  }
+  if (gather != GatherX::kPerRow) return;
   launch_kernel(pdl, gather_rows_kernel, (entries + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, 0, stream,
       static_cast<const uint4*>(x), buffers.sorted_tokens, buffers.expert_offsets, experts, hidden / 8,
       static_cast<uint4*>(buffers.sorted_x));
@@ -124,6 +167,7 @@ void prepare() {
   HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, build_work_list_kernel));
   HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, assign_rows_kernel));
   HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, gather_rows_kernel));
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, scatter_rows_kernel));
 }
 
 }  // namespace hmoe::permute

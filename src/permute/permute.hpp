@@ -28,12 +28,31 @@ struct PermuteBuffers {
 // the count and the row assignment spread over the chip.
 inline constexpr int kSingleBlockEntries = 8192;
 
+// How x reaches the expert-sorted rows (sorted_x; FP8 layers quantise it on the way instead,
+// quant::launch_quantize_rows, the same two ways).
+enum class GatherX {
+  kNone,       // not here: GEMM1 reads x through sorted_tokens, or the FP8 quantisation writes the rows
+  kPerRow,     // one warp per sorted row copies its token's x row: x is read k times
+  kPerToken,   // each x row is read once and written to its k rows (slot_rows)
+};
+
+// Prefill with k > 1: above this many (token, slot) pairs x is gathered (or quantised) per token.
+// Reading each x row once instead of k times cuts the stage's traffic by a third for bf16 and by
+// 0.6 for FP8 (deepseek-v3-tp8 T = 4096: x is 59 MB, read eight times 470 MB, mostly from DRAM
+// since x does not stay in L2 next to the rest). Below it the rows fit L2 and a warp per row spreads
+// the small gather better. HMOE_SCATTER_X=0 turns the per-token walk off (A/B timing; read when a
+// runner is planned).
+inline constexpr int kScatterXEntries = kSingleBlockEntries;
+inline bool scatter_x_rows(int num_tokens, int top_k) {
+  return top_k > 1 && static_cast<long long>(num_tokens) * top_k > kScatterXEntries;
+}
+bool scatter_x_environment();
+
 // Enqueues the stage: one launch up to kSingleBlockEntries (token, slot) pairs, four above, plus
-// the gather of x into sorted_x unless gather_x is false (GEMM1 then reads x through
-// sorted_tokens). x rows are 16-byte aligned (H % 8 == 0). pdl: its kernels may launch while the
-// kernel before them on the stream finishes (common/launch.cuh).
+// the gather of x into sorted_x as `gather` says. x rows are 16-byte aligned (H % 8 == 0). pdl: its
+// kernels may launch while the kernel before them on the stream finishes (common/launch.cuh).
 void launch_permute(const int* topk_ids, const float* topk_weights, const void* x, int num_tokens, int top_k,
-                    int experts, int hidden, int token_tile, bool gather_x, const PermuteBuffers& buffers,
+                    int experts, int hidden, int token_tile, GatherX gather, const PermuteBuffers& buffers,
                     int* invalid_id_count, cudaStream_t stream, bool pdl = false);
 
 // Decode sizes: the routing stage (from logits) and this stage in one kernel of one block, one launch

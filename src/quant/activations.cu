@@ -39,10 +39,13 @@ __device__ __forceinline__ float max_abs(const Four& four) {
   return fmaxf(fmaxf(fabsf(four.v[0]), fabsf(four.v[1])), fmaxf(fabsf(four.v[2]), fabsf(four.v[3])));
 }
 
+__device__ __forceinline__ std::uint32_t pack_four(const Four& four, float scale) {
+  return to_e4m3(four.v[0], scale) | (to_e4m3(four.v[1], scale) << 8) | (to_e4m3(four.v[2], scale) << 16) |
+         (static_cast<std::uint32_t>(to_e4m3(four.v[3], scale)) << 24);
+}
+
 __device__ __forceinline__ void store_four(std::uint8_t* destination, const Four& four, float scale) {
-  const std::uint32_t packed = to_e4m3(four.v[0], scale) | (to_e4m3(four.v[1], scale) << 8) |
-                               (to_e4m3(four.v[2], scale) << 16) | (static_cast<std::uint32_t>(to_e4m3(four.v[3], scale)) << 24);
-  *reinterpret_cast<std::uint32_t*>(destination) = packed;
+  *reinterpret_cast<std::uint32_t*>(destination) = pack_four(four, scale);
 }
 
 __device__ __forceinline__ float warp_max(float value) {
@@ -105,6 +108,66 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(
   }
 }
 
+// Prefill: block x = one token, read once; its e4m3 row and scales go to each of its top_k
+// expert-sorted rows (slot_rows, −1: none). Same grid split along the columns, same values and
+// scales as quantize_rows_kernel (which reads the token's row once per sorted row: k times).
+template <Granularity kGranularity>
+__global__ void __launch_bounds__(kThreads) quantize_scatter_kernel(
+    const __nv_bfloat16* __restrict__ source, const int* __restrict__ slot_rows, int top_k, int cols, bool ue8m0,
+    const float* __restrict__ static_scale, std::uint8_t* __restrict__ values, float* __restrict__ scales) {
+  pdl_start();
+  const int token = blockIdx.x;
+  const __nv_bfloat16* in = source + static_cast<long long>(token) * cols;
+  const int* rows = slot_rows + static_cast<long long>(token) * top_k;
+  if constexpr (kGranularity == Granularity::kGroup128) {
+    const int groups = cols / kGroup, lane = threadIdx.x % 32;
+    const int first = blockIdx.y * kGroupsPerBlock + (threadIdx.x / 32) * kGroupsPerWarp;
+    Four four[kGroupsPerWarp];
+    #pragma unroll
+    for (int g = 0; g < kGroupsPerWarp; ++g)
+      if (first + g < groups) four[g] = load_four(in + (first + g) * kGroup + 4 * lane);
+    std::uint32_t packed[kGroupsPerWarp];
+    float scale[kGroupsPerWarp];
+    #pragma unroll
+    for (int g = 0; g < kGroupsPerWarp; ++g) {
+      if (first + g >= groups) break;   // warp-uniform: the shuffles below see the whole warp
+      scale[g] = fp8_scale(warp_max(max_abs(four[g])), ue8m0);
+      packed[g] = pack_four(four[g], scale[g]);
+    }
+    for (int s = 0; s < top_k; ++s) {
+      const int row = rows[s];
+      if (row < 0) continue;
+      std::uint8_t* out = values + static_cast<long long>(row) * cols;
+      #pragma unroll
+      for (int g = 0; g < kGroupsPerWarp; ++g) {
+        if (first + g >= groups) break;
+        *reinterpret_cast<std::uint32_t*>(out + (first + g) * kGroup + 4 * lane) = packed[g];
+        if (lane == 0) scales[static_cast<long long>(row) * groups + first + g] = scale[g];
+      }
+    }
+  } else {
+    float scale;
+    if constexpr (kGranularity == Granularity::kRow) {
+      float amax = 0.0f;
+      #pragma unroll 4
+      for (int column = 4 * threadIdx.x; column < cols; column += 4 * kThreads) amax = fmaxf(amax, max_abs(load_four(in + column)));
+      scale = fp8_scale(block_max(amax), ue8m0);
+      if (threadIdx.x == 0)
+        for (int s = 0; s < top_k; ++s)
+          if (rows[s] >= 0) scales[rows[s]] = scale;
+    } else {
+      scale = static_scale != nullptr ? *static_scale : fp8_scale(scales[1], ue8m0);
+      if (token == 0 && threadIdx.x == 0) scales[0] = scale;
+    }
+    #pragma unroll 2
+    for (int column = 4 * threadIdx.x; column < cols; column += 4 * kThreads) {
+      const std::uint32_t packed = pack_four(load_four(in + column), scale);
+      for (int s = 0; s < top_k; ++s)
+        if (rows[s] >= 0) *reinterpret_cast<std::uint32_t*>(values + static_cast<long long>(rows[s]) * cols + column) = packed;
+    }
+  }
+}
+
 // amax over rows [0, rows) of a contiguous bf16 matrix (rows = fixed_rows, or *num_rows when
 // fixed_rows is 0) into *amax, which the caller zeroed.
 __global__ void __launch_bounds__(kThreads) amax_kernel(const __nv_bfloat16* __restrict__ source, int fixed_rows,
@@ -128,15 +191,27 @@ void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const
   const auto* source = static_cast<const __nv_bfloat16*>(rows.source);
   auto* out = static_cast<std::uint8_t*>(values);
   const bool ue8m0 = spec.ue8m0_scales;
+  const bool scatter = rows.slot_rows != nullptr;
+  const int grid_rows = scatter ? rows.tokens : rows.max_rows;
+  if (grid_rows <= 0) return;
   switch (spec.scheme) {
-    case QuantScheme::kBlock128:
-      launch_kernel(pdl, quantize_rows_kernel<Granularity::kGroup128>,
-                    dim3(rows.max_rows, (rows.cols / kGroup + kGroupsPerBlock - 1) / kGroupsPerBlock), kThreads, 0,
-                    stream, source, rows.source_row, rows.num_rows, rows.cols, ue8m0, nullptr, out, scales);
+    case QuantScheme::kBlock128: {
+      const dim3 grid(grid_rows, (rows.cols / kGroup + kGroupsPerBlock - 1) / kGroupsPerBlock);
+      if (scatter)
+        launch_kernel(pdl, quantize_scatter_kernel<Granularity::kGroup128>, grid, kThreads, 0, stream, source,
+                      rows.slot_rows, rows.top_k, rows.cols, ue8m0, nullptr, out, scales);
+      else
+        launch_kernel(pdl, quantize_rows_kernel<Granularity::kGroup128>, grid, kThreads, 0, stream, source,
+                      rows.source_row, rows.num_rows, rows.cols, ue8m0, nullptr, out, scales);
       break;
+    }
     case QuantScheme::kPerChannelPerToken:
-      launch_kernel(pdl, quantize_rows_kernel<Granularity::kRow>, rows.max_rows, kThreads, 0, stream,
-          source, rows.source_row, rows.num_rows, rows.cols, ue8m0, nullptr, out, scales);
+      if (scatter)
+        launch_kernel(pdl, quantize_scatter_kernel<Granularity::kRow>, grid_rows, kThreads, 0, stream, source,
+                      rows.slot_rows, rows.top_k, rows.cols, ue8m0, nullptr, out, scales);
+      else
+        launch_kernel(pdl, quantize_rows_kernel<Granularity::kRow>, grid_rows, kThreads, 0, stream, source,
+                      rows.source_row, rows.num_rows, rows.cols, ue8m0, nullptr, out, scales);
       break;
     case QuantScheme::kPerTensor:
       if (static_scale == nullptr) {
@@ -145,8 +220,12 @@ void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const
         const int blocks = static_cast<int>(std::clamp<long long>((max_quads + kThreads * 8 - 1) / (kThreads * 8), 1, 1056));
         launch_kernel(pdl, amax_kernel, blocks, kThreads, 0, stream, source, rows.amax_rows, rows.num_rows, rows.cols, scales + 1);
       }
-      launch_kernel(pdl, quantize_rows_kernel<Granularity::kTensor>, rows.max_rows, kThreads, 0, stream,
-          source, rows.source_row, rows.num_rows, rows.cols, ue8m0, static_scale, out, scales);
+      if (scatter)
+        launch_kernel(pdl, quantize_scatter_kernel<Granularity::kTensor>, grid_rows, kThreads, 0, stream, source,
+                      rows.slot_rows, rows.top_k, rows.cols, ue8m0, static_scale, out, scales);
+      else
+        launch_kernel(pdl, quantize_rows_kernel<Granularity::kTensor>, grid_rows, kThreads, 0, stream, source,
+                      rows.source_row, rows.num_rows, rows.cols, ue8m0, static_scale, out, scales);
       break;
     case QuantScheme::kNone:
       throw Error("hmoe: internal error: FP8 quantisation requested for a bf16 layer");
@@ -158,6 +237,9 @@ void prepare() {
   HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_rows_kernel<Granularity::kGroup128>));
   HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_rows_kernel<Granularity::kRow>));
   HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_rows_kernel<Granularity::kTensor>));
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_scatter_kernel<Granularity::kGroup128>));
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_scatter_kernel<Granularity::kRow>));
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_scatter_kernel<Granularity::kTensor>));
   HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, amax_kernel));
 }
 

@@ -17,6 +17,13 @@ struct ActivationRows {
   // Per-tensor dynamic scales cover these source rows instead (x: all T tokens, not only the
   // gathered rows); 0 means the quantised rows themselves.
   int amax_rows = 0;
+  // Per-token scatter (prefill, permute::scatter_x_rows): when set, each of `tokens` source rows is
+  // read once and its e4m3 row and scales are written to its top_k rows slot_rows[token·top_k + s]
+  // (−1: an invalid id, no row); source_row and num_rows are then unused. The bytes are the same as
+  // the per-row walk's: a row's e4m3 values and scales depend only on its source row.
+  const int* slot_rows = nullptr;
+  int top_k = 0;
+  int tokens = 0;
 };
 
 // Writes e4m3 rows [max_rows, cols] to values (rows ≥ *num_rows untouched) and the scales the GEMM

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <iostream>
@@ -144,6 +145,60 @@ TEST(RunnerContract, OutputsAreBitIdenticalAcrossRuns) {
       EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].size() * sizeof(std::uint16_t)), 0)
           << preset_name << " " << testkit::to_string(routing) << ": two runs of the same inputs differ";
     }
+  }
+}
+
+// Prefill with k > 1 reads each x row once and writes it (bf16) or its e4m3 row and scales (FP8) into
+// the token's k sorted rows (permute::scatter_x_rows); HMOE_SCATTER_X=0 keeps the per-row walk. The
+// two must give the same bits, for every scheme, with skewed routing and invalid ids (slot_rows −1),
+// and match the reference. T = 1100 at k = 8 (8800 pairs) is past the threshold.
+TEST(RunnerContract, PerTokenXRowsGiveThePerRowBits) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  constexpr int kTokens = 1100;
+  struct Layer {
+    const char* preset_name;
+    QuantScheme scheme;   // kNone: bf16
+    bool static_scales;
+  };
+  for (const Layer& layer : {Layer{"qwen3-30b-a3b", QuantScheme::kNone, false},
+                             Layer{"olmoe-1b-7b", QuantScheme::kNone, false},
+                             Layer{"qwen3-30b-a3b", QuantScheme::kBlock128, false},
+                             Layer{"qwen3-30b-a3b", QuantScheme::kPerChannelPerToken, false},
+                             Layer{"qwen3-30b-a3b", QuantScheme::kPerTensor, false},
+                             Layer{"olmoe-1b-7b", QuantScheme::kPerTensor, true}}) {
+    const testkit::LayerWeights& weights = layer.scheme == QuantScheme::kNone
+                                               ? cached_weights(layer.preset_name)
+                                               : cached_fp8_weights(layer.preset_name, layer.scheme, layer.static_scales);
+    const MoeSpec& spec = weights.spec;
+    const std::string what = std::string(layer.preset_name) + " " +
+                             (layer.scheme == QuantScheme::kNone ? std::string("bf16") : to_string(layer.scheme)) +
+                             (layer.static_scales ? " (static)" : "");
+    ASSERT_TRUE(permute::scatter_x_rows(kTokens, spec.top_k)) << what;
+    const testkit::Stream stream;
+    testkit::LayerInputs inputs =
+        testkit::make_layer_inputs(weights, kTokens, Entry::kTopK, {RoutingMode::kZipf, 1, 5}, stream.get());
+    reference::Routing routing = testkit::host_routing(weights, inputs, stream.get());
+    for (int slot = 3; slot < kTokens * spec.top_k; slot += 997) routing.ids[slot] = slot % 2 == 0 ? -1 : spec.num_experts;
+    testkit::copy_to_device(inputs.topk_ids.get(), routing.ids, stream.get());
+
+    std::vector<std::uint16_t> outputs[2];
+    for (int per_row = 0; per_row < 2; ++per_row) {
+      if (per_row == 1) setenv("HMOE_SCATTER_X", "0", 1);
+      EXPECT_EQ(permute::scatter_x_environment(), per_row == 0) << what;
+      const Harness harness(weights, kTokens);   // reads HMOE_SCATTER_X
+      unsetenv("HMOE_SCATTER_X");
+      testkit::poison_bf16(harness.out.get(), harness.out_count, stream.get());
+      testkit::run_layer(harness.runner, harness.args(weights, inputs), inputs, stream.get());
+      stream.synchronize();
+      outputs[per_row] = harness.out_host(stream.get());
+    }
+    EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].size() * sizeof(std::uint16_t)), 0)
+        << what << ": per-token and per-row x rows differ";
+    if (layer.scheme == QuantScheme::kPerTensor && !layer.static_scales) continue;   // (a dynamic per-tensor
+    // reference runs GEMM1 on every token in float64; the bits above tie it to the per-row walk)
+    const testkit::CheckResult result = testkit::compare_with_reference(
+        weights, x_host(weights, inputs, stream.get()), routing, outputs[0], reference_token_budget(spec), 11);
+    expect_matches_reference(result, what + " T=1100, per token");
   }
 }
 
