@@ -20,6 +20,7 @@
 #include "dispatch/registry.hpp"
 #include "dispatch/tuned_table.hpp"
 #include "hmoe/hmoe.hpp"
+#include "permute/permute.hpp"
 #include "run_command.hpp"
 #include "testkit/device.hpp"
 
@@ -846,6 +847,26 @@ TEST(Cli, BenchExplainShowsVariantAndSource) {
   EXPECT_NE(one.find("environment"), std::string::npos) << fused;
   EXPECT_EQ(five.find("fused layer"), std::string::npos) << "T = 5 is beyond the fused layer:\n" << fused;
   std::printf("%s", fused.c_str());
+}
+
+// Prefill x rows go to the expert-sorted rows per token (each x row read once) above 8192 (token,
+// slot) pairs when a token has more than one slot (docs/DISPATCH.md, "x rows at prefill");
+// HMOE_SCATTER_X=0 turns that off for runners planned after it is set.
+TEST(XRows, PerTokenAboveTheSingleBlockPairsWithMoreThanOneSlot) {
+  EXPECT_FALSE(permute::scatter_x_rows(1, 8));
+  EXPECT_FALSE(permute::scatter_x_rows(1024, 8));      // 8192 pairs: still per row
+  EXPECT_TRUE(permute::scatter_x_rows(1025, 8));
+  EXPECT_TRUE(permute::scatter_x_rows(4097, 2));
+  EXPECT_FALSE(permute::scatter_x_rows(4096, 2));
+  EXPECT_FALSE(permute::scatter_x_rows(65536, 1));     // one slot: each x row is read once anyway
+  EXPECT_TRUE(permute::scatter_x_rows(65536, 8));
+  ASSERT_EQ(getenv("HMOE_SCATTER_X"), nullptr) << "the test expects the variable unset";
+  EXPECT_TRUE(permute::scatter_x_environment());
+  setenv("HMOE_SCATTER_X", "0", 1);
+  EXPECT_FALSE(permute::scatter_x_environment());
+  setenv("HMOE_SCATTER_X", "1", 1);
+  EXPECT_TRUE(permute::scatter_x_environment());
+  unsetenv("HMOE_SCATTER_X");
 }
 
 }  // namespace
