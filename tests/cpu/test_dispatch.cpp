@@ -849,15 +849,15 @@ TEST(Cli, BenchExplainShowsVariantAndSource) {
   std::printf("%s", fused.c_str());
 }
 
-// Prefill x rows go to the expert-sorted rows per token (each x row read once) above 8192 (token,
+// Prefill x rows go to the expert-sorted rows per token (each x row read once) above 2048 (token,
 // slot) pairs when a token has more than one slot (docs/DISPATCH.md, "x rows at prefill");
 // HMOE_SCATTER_X=0 turns that off for runners planned after it is set.
-TEST(XRows, PerTokenAboveTheSingleBlockPairsWithMoreThanOneSlot) {
+TEST(XRows, PerTokenAbove2048PairsWithMoreThanOneSlot) {
   EXPECT_FALSE(permute::scatter_x_rows(1, 8));
-  EXPECT_FALSE(permute::scatter_x_rows(1024, 8));      // 8192 pairs: still per row
-  EXPECT_TRUE(permute::scatter_x_rows(1025, 8));
-  EXPECT_TRUE(permute::scatter_x_rows(4097, 2));
-  EXPECT_FALSE(permute::scatter_x_rows(4096, 2));
+  EXPECT_FALSE(permute::scatter_x_rows(256, 8));       // 2048 pairs: still per row
+  EXPECT_TRUE(permute::scatter_x_rows(257, 8));
+  EXPECT_TRUE(permute::scatter_x_rows(1025, 2));
+  EXPECT_FALSE(permute::scatter_x_rows(1024, 2));
   EXPECT_FALSE(permute::scatter_x_rows(65536, 1));     // one slot: each x row is read once anyway
   EXPECT_TRUE(permute::scatter_x_rows(65536, 8));
   ASSERT_EQ(getenv("HMOE_SCATTER_X"), nullptr) << "the test expects the variable unset";
