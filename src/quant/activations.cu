@@ -44,10 +44,6 @@ __device__ __forceinline__ std::uint32_t pack_four(const Four& four, float scale
          (static_cast<std::uint32_t>(to_e4m3(four.v[3], scale)) << 24);
 }
 
-__device__ __forceinline__ void store_four(std::uint8_t* destination, const Four& four, float scale) {
-  *reinterpret_cast<std::uint32_t*>(destination) = pack_four(four, scale);
-}
-
 __device__ __forceinline__ float warp_max(float value) {
   #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
@@ -66,59 +62,27 @@ __device__ float block_max(float value) {
   return result;
 }
 
-template <Granularity kGranularity>
-__global__ void __launch_bounds__(kThreads) quantize_rows_kernel(
+// One block per source row (× column blocks for 1×128 groups) quantises it and writes the e4m3 values
+// and scales to its target rows. Per row (kPerToken false): block x is sorted row x (rows past
+// *num_rows return), reading source row source_row[x] (or x) — a token's x row is read once per sorted
+// row. Per token (prefill): block x is token x, read once, written to its top_k rows slot_rows[x·k + s]
+// (−1: an invalid id, no row). A row's values and scales depend only on its source row, so both
+// write the same bytes.
+template <Granularity kGranularity, bool kPerToken>
+__global__ void __launch_bounds__(kThreads) quantize_kernel(
     const __nv_bfloat16* __restrict__ source, const int* __restrict__ source_row, const int* __restrict__ num_rows,
-    int cols, bool ue8m0, const float* __restrict__ static_scale, std::uint8_t* __restrict__ values,
-    float* __restrict__ scales) {
+    const int* __restrict__ slot_rows, int top_k, int cols, bool ue8m0, const float* __restrict__ static_scale,
+    std::uint8_t* __restrict__ values, float* __restrict__ scales) {
   pdl_start();
-  const int row = blockIdx.x;
-  if (row >= *num_rows) return;
-  const long long from = source_row != nullptr ? source_row[row] : row;
-  const __nv_bfloat16* in = source + from * cols;
-  std::uint8_t* out = values + static_cast<long long>(row) * cols;
-  if constexpr (kGranularity == Granularity::kGroup128) {
-    const int groups = cols / kGroup, lane = threadIdx.x % 32;
-    const int first = blockIdx.y * kGroupsPerBlock + (threadIdx.x / 32) * kGroupsPerWarp;
-    Four four[kGroupsPerWarp];
-    #pragma unroll
-    for (int g = 0; g < kGroupsPerWarp; ++g)
-      if (first + g < groups) four[g] = load_four(in + (first + g) * kGroup + 4 * lane);
-    #pragma unroll
-    for (int g = 0; g < kGroupsPerWarp; ++g) {
-      if (first + g >= groups) break;   // warp-uniform: the shuffles below see the whole warp
-      const float scale = fp8_scale(warp_max(max_abs(four[g])), ue8m0);
-      store_four(out + (first + g) * kGroup + 4 * lane, four[g], scale);
-      if (lane == 0) scales[static_cast<long long>(row) * groups + first + g] = scale;
-    }
-  } else {
-    float scale;
-    if constexpr (kGranularity == Granularity::kRow) {
-      float amax = 0.0f;
-      #pragma unroll 4
-      for (int column = 4 * threadIdx.x; column < cols; column += 4 * kThreads) amax = fmaxf(amax, max_abs(load_four(in + column)));
-      scale = fp8_scale(block_max(amax), ue8m0);
-      if (threadIdx.x == 0) scales[row] = scale;
-    } else {
-      scale = static_scale != nullptr ? *static_scale : fp8_scale(scales[1], ue8m0);
-      if (row == 0 && threadIdx.x == 0) scales[0] = scale;
-    }
-    #pragma unroll 4
-    for (int column = 4 * threadIdx.x; column < cols; column += 4 * kThreads) store_four(out + column, load_four(in + column), scale);
+  long long from = blockIdx.x;
+  if constexpr (!kPerToken) {
+    if (static_cast<int>(blockIdx.x) >= *num_rows) return;
+    if (source_row != nullptr) from = source_row[blockIdx.x];
   }
-}
-
-// Prefill: block x = one token, read once; its e4m3 row and scales go to each of its top_k
-// expert-sorted rows (slot_rows, −1: none). Same grid split along the columns, same values and
-// scales as quantize_rows_kernel (which reads the token's row once per sorted row: k times).
-template <Granularity kGranularity>
-__global__ void __launch_bounds__(kThreads) quantize_scatter_kernel(
-    const __nv_bfloat16* __restrict__ source, const int* __restrict__ slot_rows, int top_k, int cols, bool ue8m0,
-    const float* __restrict__ static_scale, std::uint8_t* __restrict__ values, float* __restrict__ scales) {
-  pdl_start();
-  const int token = blockIdx.x;
-  const __nv_bfloat16* in = source + static_cast<long long>(token) * cols;
-  const int* rows = slot_rows + static_cast<long long>(token) * top_k;
+  const __nv_bfloat16* in = source + from * cols;
+  const int targets = kPerToken ? top_k : 1;
+  // The t-th target row (−1: none).
+  const auto target = [&](int t) { return kPerToken ? slot_rows[from * top_k + t] : static_cast<int>(blockIdx.x); };
   if constexpr (kGranularity == Granularity::kGroup128) {
     const int groups = cols / kGroup, lane = threadIdx.x % 32;
     const int first = blockIdx.y * kGroupsPerBlock + (threadIdx.x / 32) * kGroupsPerWarp;
@@ -134,8 +98,8 @@ __global__ void __launch_bounds__(kThreads) quantize_scatter_kernel(
       scale[g] = fp8_scale(warp_max(max_abs(four[g])), ue8m0);
       packed[g] = pack_four(four[g], scale[g]);
     }
-    for (int s = 0; s < top_k; ++s) {
-      const int row = rows[s];
+    for (int t = 0; t < targets; ++t) {
+      const int row = target(t);
       if (row < 0) continue;
       std::uint8_t* out = values + static_cast<long long>(row) * cols;
       #pragma unroll
@@ -153,17 +117,17 @@ __global__ void __launch_bounds__(kThreads) quantize_scatter_kernel(
       for (int column = 4 * threadIdx.x; column < cols; column += 4 * kThreads) amax = fmaxf(amax, max_abs(load_four(in + column)));
       scale = fp8_scale(block_max(amax), ue8m0);
       if (threadIdx.x == 0)
-        for (int s = 0; s < top_k; ++s)
-          if (rows[s] >= 0) scales[rows[s]] = scale;
+        for (int t = 0; t < targets; ++t)
+          if (target(t) >= 0) scales[target(t)] = scale;
     } else {
       scale = static_scale != nullptr ? *static_scale : fp8_scale(scales[1], ue8m0);
-      if (token == 0 && threadIdx.x == 0) scales[0] = scale;
+      if (blockIdx.x == 0 && threadIdx.x == 0) scales[0] = scale;
     }
-    #pragma unroll 2
+    #pragma unroll 4
     for (int column = 4 * threadIdx.x; column < cols; column += 4 * kThreads) {
       const std::uint32_t packed = pack_four(load_four(in + column), scale);
-      for (int s = 0; s < top_k; ++s)
-        if (rows[s] >= 0) *reinterpret_cast<std::uint32_t*>(values + static_cast<long long>(rows[s]) * cols + column) = packed;
+      for (int t = 0; t < targets; ++t)
+        if (target(t) >= 0) *reinterpret_cast<std::uint32_t*>(values + static_cast<long long>(target(t)) * cols + column) = packed;
     }
   }
 }
@@ -183,49 +147,42 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const __nv_bfloat16* __r
   if (threadIdx.x == 0 && local > 0.0f) atomic_max_abs(amax, local);
 }
 
+// quantize_kernel<kGranularity> per row or per token, as rows.slot_rows says.
+template <Granularity kGranularity>
+void launch_quantize(const ActivationRows& rows, dim3 grid, bool ue8m0, const float* static_scale, std::uint8_t* out,
+                     float* scales, cudaStream_t stream, bool pdl) {
+  const auto* source = static_cast<const __nv_bfloat16*>(rows.source);
+  const auto kernel = rows.slot_rows != nullptr ? quantize_kernel<kGranularity, true> : quantize_kernel<kGranularity, false>;
+  launch_kernel(pdl, kernel, grid, kThreads, 0, stream, source, rows.source_row, rows.num_rows, rows.slot_rows,
+                rows.top_k, rows.cols, ue8m0, static_scale, out, scales);
+}
+
 }  // namespace
 
 void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const float* static_scale, void* values,
                           float* scales, cudaStream_t stream, bool pdl) {
-  if (rows.max_rows <= 0) return;
-  const auto* source = static_cast<const __nv_bfloat16*>(rows.source);
   auto* out = static_cast<std::uint8_t*>(values);
   const bool ue8m0 = spec.ue8m0_scales;
-  const bool scatter = rows.slot_rows != nullptr;
-  const int grid_rows = scatter ? rows.tokens : rows.max_rows;
+  const int grid_rows = rows.slot_rows != nullptr ? rows.tokens : rows.max_rows;
   if (grid_rows <= 0) return;
   switch (spec.scheme) {
-    case QuantScheme::kBlock128: {
-      const dim3 grid(grid_rows, (rows.cols / kGroup + kGroupsPerBlock - 1) / kGroupsPerBlock);
-      if (scatter)
-        launch_kernel(pdl, quantize_scatter_kernel<Granularity::kGroup128>, grid, kThreads, 0, stream, source,
-                      rows.slot_rows, rows.top_k, rows.cols, ue8m0, nullptr, out, scales);
-      else
-        launch_kernel(pdl, quantize_rows_kernel<Granularity::kGroup128>, grid, kThreads, 0, stream, source,
-                      rows.source_row, rows.num_rows, rows.cols, ue8m0, nullptr, out, scales);
+    case QuantScheme::kBlock128:
+      launch_quantize<Granularity::kGroup128>(
+          rows, dim3(grid_rows, (rows.cols / kGroup + kGroupsPerBlock - 1) / kGroupsPerBlock), ue8m0, nullptr, out,
+          scales, stream, pdl);
       break;
-    }
     case QuantScheme::kPerChannelPerToken:
-      if (scatter)
-        launch_kernel(pdl, quantize_scatter_kernel<Granularity::kRow>, grid_rows, kThreads, 0, stream, source,
-                      rows.slot_rows, rows.top_k, rows.cols, ue8m0, nullptr, out, scales);
-      else
-        launch_kernel(pdl, quantize_rows_kernel<Granularity::kRow>, grid_rows, kThreads, 0, stream, source,
-                      rows.source_row, rows.num_rows, rows.cols, ue8m0, nullptr, out, scales);
+      launch_quantize<Granularity::kRow>(rows, dim3(grid_rows), ue8m0, nullptr, out, scales, stream, pdl);
       break;
     case QuantScheme::kPerTensor:
       if (static_scale == nullptr) {
         HMOE_CUDA_CHECK(cudaMemsetAsync(scales + 1, 0, sizeof(float), stream));
         const long long max_quads = static_cast<long long>(rows.amax_rows > 0 ? rows.amax_rows : rows.max_rows) * rows.cols / 4;
         const int blocks = static_cast<int>(std::clamp<long long>((max_quads + kThreads * 8 - 1) / (kThreads * 8), 1, 1056));
-        launch_kernel(pdl, amax_kernel, blocks, kThreads, 0, stream, source, rows.amax_rows, rows.num_rows, rows.cols, scales + 1);
+        launch_kernel(pdl, amax_kernel, blocks, kThreads, 0, stream, static_cast<const __nv_bfloat16*>(rows.source),
+                      rows.amax_rows, rows.num_rows, rows.cols, scales + 1);
       }
-      if (scatter)
-        launch_kernel(pdl, quantize_scatter_kernel<Granularity::kTensor>, grid_rows, kThreads, 0, stream, source,
-                      rows.slot_rows, rows.top_k, rows.cols, ue8m0, static_scale, out, scales);
-      else
-        launch_kernel(pdl, quantize_rows_kernel<Granularity::kTensor>, grid_rows, kThreads, 0, stream, source,
-                      rows.source_row, rows.num_rows, rows.cols, ue8m0, static_scale, out, scales);
+      launch_quantize<Granularity::kTensor>(rows, dim3(grid_rows), ue8m0, static_scale, out, scales, stream, pdl);
       break;
     case QuantScheme::kNone:
       throw Error("hmoe: internal error: FP8 quantisation requested for a bf16 layer");
@@ -234,12 +191,12 @@ void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const
 
 void prepare() {
   cudaFuncAttributes attributes;
-  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_rows_kernel<Granularity::kGroup128>));
-  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_rows_kernel<Granularity::kRow>));
-  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_rows_kernel<Granularity::kTensor>));
-  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_scatter_kernel<Granularity::kGroup128>));
-  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_scatter_kernel<Granularity::kRow>));
-  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_scatter_kernel<Granularity::kTensor>));
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_kernel<Granularity::kGroup128, false>));
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_kernel<Granularity::kGroup128, true>));
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_kernel<Granularity::kRow, false>));
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_kernel<Granularity::kRow, true>));
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_kernel<Granularity::kTensor, false>));
+  HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, quantize_kernel<Granularity::kTensor, true>));
   HMOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, amax_kernel));
 }
 
