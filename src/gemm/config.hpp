@@ -73,8 +73,18 @@ struct GemmConfig {
   static constexpr int kBBytes = kTileN * kTileRowBytes;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "swizzle atoms are 1024 bytes");
+  // GEMM2's normal tiles of two consumer warpgroups write their bf16 output through shared memory and
+  // TMA, whole 128-byte lines, where the tile fits beside the stages (today the FP8 128×128 tiles).
+  // NOTE: written straight from the fragment, each warp store put 16 bytes into each of 8 rows: the
+  // 470 MB of deepseek-v3-tp8's GEMM2 output at T = 4096 reached L2 as ~29 M half-sector writes, and
+  // the load/store queue throttled the consumers (ncu: docs/PERF.md, fourteenth session).
+  static constexpr int kStoreBytes = kTileM * kTileN * 2;
+  static constexpr int kMaxSmemBytes = 232448;   // sm_90's opt-in shared memory per block
+  static constexpr bool kTmaStore = kEpilogue == EpilogueKind::kRoutingWeight && !kSwapAB && kTileM == 128 &&
+                                    kTileN % 64 == 0 &&
+                                    kStages * kStageBytes + kStoreBytes + 1024 + 2 * kStages * 8 <= kMaxSmemBytes;
   // + 1024 to align the dynamic buffer, + the barriers.
-  static constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 2 * kStages * 8;
+  static constexpr int kSmemBytes = kStages * kStageBytes + (kTmaStore ? kStoreBytes : 0) + 1024 + 2 * kStages * 8;
   // Consumer warpgroup(s) + the producer. NOTE: with two consumers the producer is a whole
   // warpgroup, since handing registers over (setmaxnreg) works per warpgroup; with one it is a single
   // warp, so 160 threads × up to 204 registers let two CTAs share an SM where 256 threads let one

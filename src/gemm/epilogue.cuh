@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 
 #include "gemm/config.hpp"
+#include "gemm/ptx.cuh"
 #include "gemm/scheduler.cuh"
 
 namespace hmoe::gemm {
@@ -15,6 +16,14 @@ struct EpilogueArgs {
   int out_cols;
   int weight_rows;
   const float* row_weights;
+  bool tma_store;   // Config::kTmaStore variants: the output's layout allows it (KernelArgs::out_map is set)
+};
+
+// Where a kTmaStore variant's epilogue writes its staged tile: the output's TMA map and the CTA's
+// shared-memory tile (SharedStorage::store_tile).
+struct StoreTarget {
+  const CUtensorMap* map;
+  std::uint8_t* tile;
 };
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
@@ -28,7 +37,7 @@ struct Epilogue<Config, EpilogueKind::kSwiGlu> {
   static constexpr int kWeightTile = Config::kWeightTile;
 
   static __device__ void apply(const float (&acc)[Config::kTileN / 2], const WorkItem& item,
-                               const EpilogueArgs& args) {
+                               const EpilogueArgs& args, const StoreTarget&) {
     auto* out = static_cast<__nv_bfloat16*>(args.out);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;   // warp counts across consumer warpgroups
     const int weight_row0 = item.weight_tile * kWeightTile;
@@ -72,10 +81,18 @@ struct Epilogue<Config, EpilogueKind::kRoutingWeight> {
   static constexpr int kWeightTile = Config::kWeightTile;
 
   static __device__ void apply(const float (&acc)[Config::kTileN / 2], const WorkItem& item,
-                               const EpilogueArgs& args) {
+                               const EpilogueArgs& args, const StoreTarget& target) {
     auto* out = static_cast<__nv_bfloat16*>(args.out);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;   // warp counts across consumer warpgroups
     const int weight_row0 = item.weight_tile * kWeightTile;
+    if constexpr (Config::kTmaStore) {
+      // Rows past the expert's belong to the next expert's tile, so only whole tiles go through TMA.
+      if (args.tma_store && item.tokens.row_end - item.tokens.row_begin == Config::kTokenTile &&
+          weight_row0 + kWeightTile <= args.weight_rows) {
+        store_staged(acc, item, args, target);
+        return;
+      }
+    }
     if constexpr (!kSwapAB) {
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -108,6 +125,45 @@ struct Epilogue<Config, EpilogueKind::kRoutingWeight> {
           }
         }
       }
+    }
+  }
+
+  // Config::kTmaStore, a whole tile: each consumer warpgroup writes its 64 rows × routing weight as bf16
+  // into its half of the staged tile, in boxes of 64 columns (128 bytes a row) laid out with the
+  // 128-byte swizzle the output map expects, then one thread stores the boxes with TMA. NOTE: the
+  // swizzle (16-byte chunk c of row r at chunk c ^ r % 8) also keeps the fragment's writes free of
+  // bank conflicts: a warp's 8 rows land in 8 different chunks.
+  static __device__ void store_staged(const float (&acc)[Config::kTileN / 2], const WorkItem& item,
+                                      const EpilogueArgs& args, const StoreTarget& target) {
+    constexpr int kBoxColumns = 64, kBoxBytes = 64 * kBoxColumns * 2;
+    const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
+    const bool leader = threadIdx.x % 128 == 0;
+    const int barrier = 2 + warpgroup;   // named barriers 2, 3: one per consumer warpgroup (split_k.cuh takes 1)
+    std::uint8_t* tile = target.tile + warpgroup * (Config::kTileN / kBoxColumns) * kBoxBytes;
+    // The warpgroup's previous TMA store must have read the tile before it is overwritten.
+    if (leader) ptx::tma_store_wait_read();
+    ptx::named_barrier_sync(barrier, 128);
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = 16 * (threadIdx.x / 32 % 4) + lane / 4 + 8 * half;   // within the warpgroup's 64 rows
+      const float scale = args.row_weights[item.tokens.row_begin + 64 * warpgroup + row];
+      #pragma unroll
+      for (int j = 0; j < Config::kTileN / 8; ++j) {
+        const int chunk = j % 8, box = j / 8;
+        const __nv_bfloat162 value =
+            __floats2bfloat162_rn(acc[4 * j + 2 * half] * scale, acc[4 * j + 2 * half + 1] * scale);
+        *reinterpret_cast<__nv_bfloat162*>(tile + box * kBoxBytes + row * 128 + ((chunk ^ (row % 8)) * 16) +
+                                           4 * (lane % 4)) = value;
+      }
+    }
+    ptx::fence_async_shared();
+    ptx::named_barrier_sync(barrier, 128);
+    if (leader) {
+      #pragma unroll
+      for (int box = 0; box < Config::kTileN / kBoxColumns; ++box)
+        ptx::tma_store_2d(target.map, tile + box * kBoxBytes, item.weight_tile * kWeightTile + box * kBoxColumns,
+                          item.tokens.row_begin + 64 * warpgroup);
+      ptx::tma_store_commit();
     }
   }
 };

@@ -22,6 +22,7 @@ namespace hmoe::gemm {
 struct KernelArgs {
   CUtensorMap token_map;     // [token_rows, K], box {kBlockK, kTokenTile} ({kBlockK, 1} when gathering)
   CUtensorMap weight_map;    // [experts·weight_rows, K], box {kBlockK, kWeightTile}
+  CUtensorMap out_map;       // Config::kTmaStore: the bf16 output [token_rows, out_cols], box {64, 64}
   WorkList work;
   const int* token_index;    // gathering variants only
   int weight_tiles;
@@ -41,7 +42,8 @@ template <class Config>
 __global__ void __launch_bounds__(Config::kThreads, 1) expert_gemm_kernel(const __grid_constant__ KernelArgs args) {
   extern __shared__ std::uint8_t dynamic_smem[];
   std::uint8_t* base = reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(dynamic_smem) + 1023) & ~std::uintptr_t{1023});
-  SharedStorage<Config> smem{base, reinterpret_cast<std::uint64_t*>(base + Config::kStages * Config::kStageBytes), nullptr};
+  constexpr int kBarrierOffset = Config::kStages * Config::kStageBytes + (Config::kTmaStore ? Config::kStoreBytes : 0);
+  SharedStorage<Config> smem{base, reinterpret_cast<std::uint64_t*>(base + kBarrierOffset), nullptr};
   smem.empty = smem.full + Config::kStages;
 
   if (threadIdx.x == 0) {
@@ -94,7 +96,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1) expert_gemm_kernel(const 
       if (args.splits > 1 && !reduce_splits<Config>(accumulator, item, args.splits, args.split)) continue;
     }
     if constexpr (Config::kQuant == QuantKind::kEpilogueScale) apply_epilogue_scales<Config>(accumulator, item, args.scales);
-    Epilogue<Config>::apply(accumulator, item, args.epilogue);
+    Epilogue<Config>::apply(accumulator, item, args.epilogue, StoreTarget{&args.out_map, smem.store_tile()});
+  }
+  // The staged tile must stay until the last TMA store has read it.
+  if constexpr (Config::kTmaStore) {
+    if (threadIdx.x % 128 == 0) ptx::tma_store_wait_read();
   }
   // PDL: the next kernel may launch once every CTA has issued its last tile's stores. NOTE: not
   // earlier, or its CTAs would take the SMs this grid frees first, several to an SM, while others
@@ -175,7 +181,11 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream) {
                          ? static_cast<int>(std::clamp<long long>(tiles_per_expert, 1, kMaxTokenGroup))
                          : 1;
   args.split = SplitArgs{launch.split_partials, launch.split_counters};
-  args.epilogue = EpilogueArgs{launch.out, launch.out_cols, launch.weight_rows, launch.row_weights};
+  // NOTE: TMA needs 16-byte aligned rows; an output that has none keeps the direct stores.
+  const bool tma_store = Config::kTmaStore && launch.out_cols % 8 == 0 &&
+                         reinterpret_cast<std::uintptr_t>(launch.out) % 16 == 0;
+  if (tma_store) args.out_map = make_tensor_map(launch.out, launch.token_rows, launch.out_cols, 64, 2);
+  args.epilogue = EpilogueArgs{launch.out, launch.out_cols, launch.weight_rows, launch.row_weights, tma_store};
   args.scales = ScaleArgs{launch.weight_scale, launch.token_scale, launch.per_row_scales, launch.weight_rows,
                           launch.k / kScaleGroup};
   // 4. Launch.

@@ -41,6 +41,21 @@ __device__ __forceinline__ void tma_load_2d(const CUtensorMap* map, std::uint64_
       : "memory");
 }
 
+// Writes a box of shared memory (laid out as the map's swizzle says) to the map's tensor at
+// {column, row}; parts of the box outside the tensor are not written. The store joins the thread's
+// current bulk group (tma_store_commit).
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* source, int column, int row) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+               :
+               : "l"(reinterpret_cast<std::uint64_t>(map)), "r"(smem_address(source)), "r"(column), "r"(row)
+               : "memory");
+}
+__device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" : : : "memory"); }
+// Waits until the thread's committed bulk stores have read their shared memory (not until they land).
+__device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" : : : "memory"); }
+// Makes this thread's generic-proxy shared-memory writes visible to the async proxy (TMA).
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" : : : "memory"); }
+
 // Waits until `threads` threads (a multiple of 32) of the CTA have reached barrier `id` (1..15;
 // 0 is __syncthreads): a barrier among some warps only, such as the consumer warpgroups.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {

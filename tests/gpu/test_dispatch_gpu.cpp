@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <tuple>
 #include <vector>
 
 #include "dispatch/json.hpp"
@@ -166,6 +167,39 @@ TEST(DispatchGpu, EveryEligibleVariantPairMatchesTheReference) {
         EXPECT_EQ(plan.gemm1_kernel + "+" + plan.gemm2_kernel, variant.id()) << name;
         expect_pass(result, plan, num_tokens);
       }
+    }
+  }
+}
+
+// GEMM2's FP8 128×128 tiles stage a whole tile in shared memory and store it by TMA, and keep direct
+// stores for an expert's last, partial tile and for a weight tile that reaches past H
+// (GemmConfig::kTmaStore). With ~350 rows per expert both paths run in each launch; H = 1344 (10.5
+// weight tiles, per-tensor scales: block scales need H % 128 == 0) adds the partial weight tile.
+TEST(DispatchGpu, StagedTmaStoreTilesMatchTheReference) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  const std::vector<std::tuple<QuantScheme, int, const char*>> cases = {
+      {QuantScheme::kBlock128, 1024, "swiglu_normal_t128_w128_fp8block+weighted_normal_t128_w128_fp8block"},
+      {QuantScheme::kPerTensor, 1024, "swiglu_normal_t128_w128_fp8+weighted_normal_t128_w128_fp8"},
+      {QuantScheme::kPerTensor, 1344, "swiglu_normal_t128_w128_fp8+weighted_normal_t128_w128_fp8"},
+  };
+  for (const auto& [scheme, hidden, variant] : cases) {
+    MoeSpec spec = preset("mixtral-8x7b");   // softmax top-2
+    spec.num_experts = 4;
+    spec.hidden = hidden;
+    spec.intermediate = 256;
+    spec.weight_dtype = WeightDType::kFP8E4M3;
+    spec.scheme = scheme;
+    const testkit::Stream stream;
+    const testkit::LayerWeights weights =
+        testkit::make_layer_weights(spec, kWeightSeed, /*keep_host_copy=*/true, stream.get());
+    for (int num_tokens : {700, 1000}) {
+      PlanOptions options{num_tokens};
+      options.force_variant = variant;
+      PlanInfo plan;
+      const testkit::CheckResult result = run_and_check(weights, num_tokens, options, &plan);
+      EXPECT_EQ(plan.gemm1_kernel + "+" + plan.gemm2_kernel, variant) << "H=" << hidden;
+      std::cout << "  H=" << hidden << ":";
+      expect_pass(result, plan, num_tokens);
     }
   }
 }
