@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "dispatch/registry.hpp"
 #include "dispatch/tuned_table.hpp"
 #include "testkit/bench.hpp"
 #include "testkit/bench_report.hpp"
@@ -36,6 +37,7 @@ constexpr const char* kBenchUsage =
     "usage: hmoe bench (--model PRESET | --spec E,k,H,I) [--tokens T[,T...]] [--dtype DTYPE]\n"
     "                  [--routing uniform|zipf|extreme] [--orientation auto|normal|swap] [--seed N]\n"
     "                  [--batch-invariant] [--split-k auto|N] [--fused-decode auto|on|off] [--peers cublas]\n"
+    "                  [--variant GEMM1+GEMM2]\n"
     "                  [--e2e] [--json FILE]\n"
     "                  [--csv FILE]\n"
     "                  [--explain | --host-overhead | --skip STAGE[,STAGE...]]\n"
@@ -56,6 +58,10 @@ constexpr const char* kBenchUsage =
     "  --fused-decode the whole layer as one kernel at T <= 4 (PlanOptions::fused_decode): auto (default:\n"
     "                 where this device's tuned table says so), on (wherever it applies) or off; the plan\n"
     "                 column shows \"fused layer\" (HMOE_FUSED_DECODE=1/0 overrides it, as for every runner)\n"
+    "  --variant      plan every T with this kernel pair (PlanOptions::force_variant, as `hmoe tune` does;\n"
+    "                 names from `hmoe info --kernels`, e.g. swiglu_normal_t128_w128_fp8block+\n"
+    "                 weighted_normal_t128_w128_fp8block): A/B one variant against another on the same\n"
+    "                 binary; the plan column says [forced]; implies --fused-decode off\n"
     "  --peers        also time peers on the same card, shapes and expert load: cublas = per expert\n"
     "                 cublasGemmEx GEMM1, one SwiGLU kernel, per expert GEMM2, in a CUDA graph (GEMMs and\n"
     "                 activation only); prints its latency and the ratio hmoe/peer. PyTorch peers:\n"
@@ -153,6 +159,27 @@ bool parse_peers(const std::string& text) {
   throw UsageError("--peers '" + text + "': expected cublas or none (the PyTorch peers run from bench/peers.py)");
 }
 
+// --variant: the pair must exist and fit the layer (named in the error otherwise); the plan is then
+// fixed, so options that choose plans conflict with it.
+void parse_variant(const ParsedOptions& parsed, BenchCommand& command) {
+  const std::string text = parsed.get("--variant", "");
+  try {
+    dispatch::parse_plan_variant(text, command.spec);
+  } catch (const Error& error) {
+    throw UsageError("--variant '" + text + "': " + error.what());
+  }
+  if (command.options.orientation != Orientation::kAuto)
+    throw UsageError("--variant fixes the orientation: leave out --orientation");
+  if (command.spec.batch_invariant)
+    throw UsageError("--variant and --batch-invariant exclude each other (batch-invariant mode runs its one fixed variant)");
+  if (command.options.fused_decode == FusedDecode::kOn)
+    throw UsageError("--variant runs the pair at every T: not with --fused-decode on");
+  if (command.mode == BenchMode::kHostOverhead)
+    throw UsageError("--host-overhead plans default runners: no --variant");
+  command.options.force_variant = text;
+  command.options.fused_decode = FusedDecode::kOff;
+}
+
 BenchCommand parse_bench(const ParsedOptions& parsed) {
   BenchCommand command;
   const bool explain = parsed.flag("--explain");
@@ -168,7 +195,8 @@ BenchCommand parse_bench(const ParsedOptions& parsed) {
   command.csv_path = parsed.get("--csv", "");
   if (command.mode == BenchMode::kCeilings) {
     for (const char* option :
-         {"--model", "--spec", "--tokens", "--routing", "--orientation", "--peers", "--csv", "--split-k", "--fused-decode"})
+         {"--model", "--spec", "--tokens", "--routing", "--orientation", "--peers", "--csv", "--split-k", "--fused-decode",
+          "--variant"})
       if (parsed.has(option)) throw UsageError(std::string("--ceilings takes no ") + option);
     for (const char* flag : {"--e2e", "--batch-invariant"})
       if (parsed.flag(flag)) throw UsageError(std::string("--ceilings takes no ") + flag);
@@ -199,6 +227,7 @@ BenchCommand parse_bench(const ParsedOptions& parsed) {
     throw UsageError("--batch-invariant layers never split K: --split-k must be auto or 1");
   if (command.spec.batch_invariant && command.options.orientation == Orientation::kSwapAB)
     throw UsageError("--batch-invariant runs the normal orientation: --orientation must be auto or normal");
+  if (parsed.has("--variant")) parse_variant(parsed, command);
   command.cublas_peer = parse_peers(parsed.get("--peers", "none"));
   if (command.cublas_peer && command.spec.weight_dtype != WeightDType::kBF16)
     throw UsageError("--peers cublas times bf16 GEMMs: use --dtype bf16 (FP8 peers run from bench/peers.py)");
@@ -446,7 +475,8 @@ int ceilings_only(const BenchCommand& command) {
 int explain(const BenchCommand& command) {
   std::string reason;
   const bool gpu = testkit::hopper_gpu_available(&reason);
-  std::printf("layer: %s bf16 E=%d k=%d H=%d I=%d; orientation %s; batch-invariant %s\n", command.layer_name.c_str(),
+  std::printf("layer: %s %s E=%d k=%d H=%d I=%d; orientation %s; batch-invariant %s\n", command.layer_name.c_str(),
+              command.spec.weight_dtype == WeightDType::kFP8E4M3 ? to_string(command.spec.scheme).c_str() : "bf16",
               command.spec.num_experts, command.spec.top_k, command.spec.hidden, command.spec.intermediate,
               to_string(command.options.orientation).c_str(), command.spec.batch_invariant ? "on" : "off");
   if (gpu) {
@@ -462,6 +492,7 @@ int explain(const BenchCommand& command) {
     plan_options.orientation = command.options.orientation;
     plan_options.split_k = command.options.split_k;
     plan_options.fused_decode = command.options.fused_decode;
+    plan_options.force_variant = command.options.force_variant;
     const PlanInfo plan = MoeRunner(command.spec, plan_options).plan_info(num_tokens);
     std::printf("%6d %12.2f  %-20s %-28s %-28s %s\n", num_tokens,
                 static_cast<double>(num_tokens) * command.spec.top_k / command.spec.num_experts,
@@ -507,7 +538,7 @@ int run_bench(const std::vector<std::string>& args) {
     const ParsedOptions parsed = parse_options(
         args,
         {"--model", "--spec", "--tokens", "--dtype", "--routing", "--orientation", "--seed", "--peers", "--json",
-         "--csv", "--skip", "--split-k", "--fused-decode"},
+         "--csv", "--skip", "--split-k", "--fused-decode", "--variant"},
         {"--explain", "--host-overhead", "--ceilings", "--batch-invariant", "--e2e"});
     if (parsed.help) {
       std::cout << kBenchUsage;

@@ -44,7 +44,7 @@ TEST(BenchCli, HelpListsTheNewOptions) {
   const CliResult result = run_bench("--help");
   EXPECT_EQ(result.exit_code, 0) << result.output;
   for (const char* option : {"--spec", "--json", "--csv", "--peers", "--e2e", "--ceilings", "--batch-invariant",
-                             "--explain", "--routing", "--tokens", "--dtype", "--skip", "--fused-decode"})
+                             "--explain", "--routing", "--tokens", "--dtype", "--skip", "--fused-decode", "--variant"})
     EXPECT_TRUE(contains(result.output, option)) << option << "\n" << result.output;
 }
 
@@ -114,6 +114,34 @@ TEST(BenchCli, ExplainWorksForSpecsAndShowsBatchInvariance) {
        at = result.output.find("batch-invariant\n", at + 1))
     ++rows;
   EXPECT_EQ(rows, 2u) << result.output;
+}
+
+// --variant plans every T with the given pair (PlanOptions::force_variant), source "forced", even at
+// T <= 4 (it implies --fused-decode off); a pair that does not exist or does not fit the layer, and
+// the options that choose plans themselves, are usage errors.
+TEST(BenchCli, VariantOptionForcesThePairAtEveryT) {
+  const std::string pair = "swiglu_normal_t64_w128+weighted_normal_t64_w128";
+  const CliResult result = run_bench("--model qwen3-30b-a3b --tokens 1,64,4096 --explain --variant " + pair);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  for (int tokens : {1, 64, 4096}) {
+    char prefix[16];
+    std::snprintf(prefix, sizeof(prefix), "\n%6d ", tokens);
+    const std::size_t at = result.output.find(prefix);
+    ASSERT_NE(at, std::string::npos) << tokens << "\n" << result.output;
+    const std::string row = result.output.substr(at + 1, result.output.find('\n', at + 1) - at - 1);
+    EXPECT_TRUE(contains(row, "swiglu_normal_t64_w128 ")) << row;
+    EXPECT_TRUE(contains(row, "weighted_normal_t64_w128 ")) << row;
+    EXPECT_TRUE(contains(row, "forced")) << row;
+  }
+  expect_usage_error("--model qwen3-30b-a3b --variant nonsense", "--variant 'nonsense'");
+  expect_usage_error("--model qwen3-30b-a3b --variant swiglu_swap_t8_w64+weighted_normal_t64_w128", "--variant");
+  expect_usage_error("--model qwen3-30b-a3b --variant swiglu_normal_t64_w128_fp8block+weighted_normal_t64_w128_fp8block",
+                     "--variant");
+  expect_usage_error("--model qwen3-30b-a3b --variant " + pair + " --orientation normal", "--orientation");
+  expect_usage_error("--model qwen3-30b-a3b --variant " + pair + " --batch-invariant", "--batch-invariant");
+  expect_usage_error("--model qwen3-30b-a3b --variant " + pair + " --fused-decode on", "--fused-decode on");
+  expect_usage_error("--model qwen3-30b-a3b --host-overhead --variant " + pair, "--variant");
+  expect_usage_error("--ceilings --variant " + pair, "--variant");
 }
 
 // --fused-decode reaches the runner (PlanOptions::fused_decode): on puts the fused layer at T <= 4
