@@ -4,7 +4,8 @@
 # latency, and host overhead; a compact table last. About 15-25 s a table on an H200 (docs/PERF.md,
 # thirteenth session), after the build.
 # Usage: scripts/tune-h200.sh   (with $OUT set, on any exit: $OUT/tuned.tgz holds the tables, finished
-# and interrupted (*.partial, to resume from), $OUT/tune-logs.tgz every log, $OUT/summary.txt the table.
+# and interrupted (*.partial, to resume from), $OUT/tune-logs.tgz every log (and each table's timed points,
+# tune-PRESET-DTYPE.points.json), $OUT/summary.txt the table.
 # Only three files: the device tool returns at most 8 from $OUT, and table names hold '=' and ',',
 # which it does not return one by one.)
 # Environment: HMOE_TUNE_PRESETS (default: the five presets), HMOE_TUNE_DTYPES (default "bf16"; any of
@@ -74,7 +75,8 @@ for table in $tables; do
   limit=$(( $(left) - 10 )); [ "$limit" -gt 600 ] && limit=600
   start=$(date +%s)
   log="$out/tune-$preset-$dtype"
-  timeout "$limit" "$hmoe" tune --model "$preset" --dtype "$dtype" --out tuned >"$log.log" 2>"$log.err"
+  timeout "$limit" "$hmoe" tune --model "$preset" --dtype "$dtype" --out tuned --points "$log.points.json" \
+    >"$log.log" 2>"$log.err"
   rc=$?
   line=$(grep '^summary:' "$log.log" | sed 's/^summary: //')
   [ $rc = 124 ] && line="STOPPED by its ${limit} s timeout (tuned/*.partial keeps its points)"

@@ -56,11 +56,13 @@ constexpr const char* kFusedId = "fused";
 constexpr int kCheckedTokens = 4;
 
 constexpr const char* kTuneUsage =
-    "usage: hmoe tune --model PRESET [--dtype D] [--tokens T[,T...]] [--out DIR]\n"
+    "usage: hmoe tune --model PRESET [--dtype D] [--tokens T[,T...]] [--out DIR] [--points FILE]\n"
     "  --model   a preset of DESIGN.md §3 (hmoe info lists them)\n"
     "  --dtype   bf16 (default), fp8-tensor, fp8-channel or fp8-block: one table per dtype and scheme\n"
     "  --tokens  token-count buckets of the table (default the DESIGN.md §3 sweep 1,2,4,...,16384)\n"
     "  --out     directory of the table (default $HMOE_TUNED_DIR, else the source tree's tuned/)\n"
+    "  --points  also write every timed point (T, variant pair, us; the .partial format) to FILE once\n"
+    "            the table is written, for studying the choices beyond the kept pair (its folder must exist)\n"
     "times every GEMM variant pair that can run the preset at each bucket (CUDA-graph replays, 0.05 s\n"
     "per point after 0.02 s of warm-up), keeps the fastest unless the analytic rule's pair is within\n"
     "2%; at buckets T <= 4 it also times the fused decode layer (one kernel) and marks the bucket\n"
@@ -81,6 +83,7 @@ struct TuneTarget {
   std::string device_name;
   std::string table_path;
   std::string partial_path;
+  std::string points_path;   // --points: every timed point, written after the table (empty: none)
 };
 
 void write_file_atomically(const std::string& path, const std::string& text) {
@@ -145,7 +148,8 @@ std::map<PointKey, double> load_partial(const TuneTarget& target) {
   return times;
 }
 
-void save_partial(const TuneTarget& target, const std::map<PointKey, double>& times) {
+// Every measurement so far, as JSON: the .partial file (read back by load_partial) and --points.
+std::string points_json(const TuneTarget& target, const std::map<PointKey, double>& times) {
   std::ostringstream text;
   text << "{\n  \"format\": \"hmoe-tune-partial-v1\",\n" << shape_fields(target) << "  \"points\": [";
   const char* separator = "\n";
@@ -155,7 +159,11 @@ void save_partial(const TuneTarget& target, const std::map<PointKey, double>& ti
     separator = ",\n";
   }
   text << "\n  ]\n}\n";
-  write_file_atomically(target.partial_path, text.str());
+  return text.str();
+}
+
+void save_partial(const TuneTarget& target, const std::map<PointKey, double>& times) {
+  write_file_atomically(target.partial_path, points_json(target, times));
 }
 
 // A progress bar on stderr (redrawn in place on a terminal, a line per tenth otherwise) whose ETA
@@ -432,6 +440,7 @@ int tune(const TuneTarget& target, const std::vector<std::string>& args) {
   fs::remove(target.table_path + ".check", ignored);
   if (!readable) throw Error("hmoe tune: the table does not read back (" + error + "); " + target.partial_path + " kept");
   write_file_atomically(target.table_path, table.str());
+  if (!target.points_path.empty()) write_file_atomically(target.points_path, points_json(target, times));
   fs::remove(target.partial_path, ignored);
 
   // What tuning gained, from these measurements.
@@ -481,7 +490,7 @@ int tune(const TuneTarget& target, const std::vector<std::string>& args) {
 int run_tune(const std::vector<std::string>& args) {
   TuneTarget target;
   try {
-    const ParsedOptions parsed = parse_options(args, {"--model", "--dtype", "--tokens", "--out"});
+    const ParsedOptions parsed = parse_options(args, {"--model", "--dtype", "--tokens", "--out", "--points"});
     if (parsed.help) {
       std::cout << kTuneUsage;
       return 0;
@@ -494,6 +503,12 @@ int run_tune(const std::vector<std::string>& args) {
     std::sort(target.buckets.begin(), target.buckets.end());
     target.buckets.erase(std::unique(target.buckets.begin(), target.buckets.end()), target.buckets.end());
     target.out_dir = parsed.get("--out", dispatch::default_tuned_dir());
+    if (parsed.has("--points")) {
+      target.points_path = parsed.get("--points", "");
+      const fs::path folder = fs::absolute(fs::path(target.points_path)).parent_path();
+      if (target.points_path.empty() || fs::path(target.points_path).filename().empty() || !fs::is_directory(folder))
+        throw UsageError("--points '" + target.points_path + "': needs a file name in an existing folder");
+    }
   } catch (const UsageError& error) {
     return usage_error("tune", error.what(), kTuneUsage);
   }

@@ -801,7 +801,9 @@ TEST(Cli, TuneAndColdstartUsage) {
                                     "tune --model qwen3-30b-a3b --dtype fp8", "bench --model qwen3-30b-a3b --explain=1",
                                     "coldstart --model qwen3-30b-a3b --dtype fp9",
                                     "coldstart --model qwen3-30b-a3b --processes 0",
-                                    "coldstart --model qwen3-30b-a3b --processes 33"}) {
+                                    "coldstart --model qwen3-30b-a3b --processes 33",
+                                    "tune --model qwen3-30b-a3b --points /nonexistent-hmoe-folder/points.json",
+                                    "tune --model qwen3-30b-a3b --points /tmp/"}) {
     int exit_code = -1;
     const std::string output = cli(command, &exit_code);
     EXPECT_EQ(exit_code, 2) << command << "\n" << output;
