@@ -83,8 +83,11 @@ struct GemmConfig {
   static constexpr bool kTmaStore = kEpilogue == EpilogueKind::kRoutingWeight && !kSwapAB && kTileM == 128 &&
                                     kTileN % 64 == 0 &&
                                     kStages * kStageBytes + kStoreBytes + 1024 + 2 * kStages * 8 <= kMaxSmemBytes;
+  // Dynamic shared memory: the stages, the staged output tile (kTmaStore), then the barriers.
+  static constexpr int kStoreTileOffset = kStages * kStageBytes;
+  static constexpr int kBarrierOffset = kStoreTileOffset + (kTmaStore ? kStoreBytes : 0);
   // + 1024 to align the dynamic buffer, + the barriers.
-  static constexpr int kSmemBytes = kStages * kStageBytes + (kTmaStore ? kStoreBytes : 0) + 1024 + 2 * kStages * 8;
+  static constexpr int kSmemBytes = kBarrierOffset + 1024 + 2 * kStages * 8;
   // Consumer warpgroup(s) + the producer. NOTE: with two consumers the producer is a whole
   // warpgroup, since handing registers over (setmaxnreg) works per warpgroup; with one it is a single
   // warp, so 160 threads × up to 204 registers let two CTAs share an SM where 256 threads let one

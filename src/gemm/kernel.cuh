@@ -42,8 +42,7 @@ template <class Config>
 __global__ void __launch_bounds__(Config::kThreads, 1) expert_gemm_kernel(const __grid_constant__ KernelArgs args) {
   extern __shared__ std::uint8_t dynamic_smem[];
   std::uint8_t* base = reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(dynamic_smem) + 1023) & ~std::uintptr_t{1023});
-  constexpr int kBarrierOffset = Config::kStages * Config::kStageBytes + (Config::kTmaStore ? Config::kStoreBytes : 0);
-  SharedStorage<Config> smem{base, reinterpret_cast<std::uint64_t*>(base + kBarrierOffset), nullptr};
+  SharedStorage<Config> smem{base, reinterpret_cast<std::uint64_t*>(base + Config::kBarrierOffset), nullptr};
   smem.empty = smem.full + Config::kStages;
 
   if (threadIdx.x == 0) {

@@ -19,7 +19,7 @@ struct SharedStorage {
   __device__ std::uint8_t* a_tile(int stage) const { return base + stage * Config::kStageBytes; }
   __device__ std::uint8_t* b_tile(int stage) const { return a_tile(stage) + Config::kABytes; }
   // Config::kTmaStore: the output tile staged for its TMA store, after the stages (1024-byte aligned).
-  __device__ std::uint8_t* store_tile() const { return base + Config::kStages * Config::kStageBytes; }
+  __device__ std::uint8_t* store_tile() const { return base + Config::kStoreTileOffset; }
 };
 
 // Ring position shared by producer and consumer; the phase bit flips each time the ring wraps.
