@@ -18,6 +18,7 @@ set(HMOE_GEMM_VARIANTS
   "weighted_normal_t64_w128 kRoutingWeight false 64 128 4 false kNone"
   "weighted_normal_t64_w128_s3 kRoutingWeight false 64 128 3 false kNone"
   "weighted_normal_t128_w256 kRoutingWeight false 128 256 4 false kNone"
+  "weighted_normal_t128_w256_s3 kRoutingWeight false 128 256 3 false kNone"
   "weighted_swap_t8_w64 kRoutingWeight true 8 64 8 false kNone"
   "weighted_swap_t16_w64 kRoutingWeight true 16 64 8 false kNone"
   "weighted_swap_t32_w64 kRoutingWeight true 32 64 6 false kNone"
@@ -41,6 +42,7 @@ set(HMOE_GEMM_VARIANTS
   "weighted_swap_t32_w128_fp8 kRoutingWeight true 32 128 8 false kEpilogueScale"
   "weighted_swap_t64_w128_fp8 kRoutingWeight true 64 128 6 false kEpilogueScale"
   "weighted_normal_t64_w128_fp8 kRoutingWeight false 64 128 4 false kEpilogueScale"
+  "weighted_normal_t64_w128_fp8_s3 kRoutingWeight false 64 128 3 false kEpilogueScale"
   "weighted_normal_t128_w128_fp8 kRoutingWeight false 128 128 6 false kEpilogueScale"
   "swiglu_swap_t8_w64_fp8block kSwiGlu true 8 64 8 false kBlockScale"
   "swiglu_swap_t16_w64_fp8block kSwiGlu true 16 64 6 false kBlockScale"
@@ -61,6 +63,7 @@ set(HMOE_GEMM_VARIANTS
   "weighted_swap_t64_w128_fp8block kRoutingWeight true 64 128 6 false kBlockScale"
   "weighted_normal_t64_w64_fp8block kRoutingWeight false 64 64 6 false kBlockScale"
   "weighted_normal_t64_w128_fp8block kRoutingWeight false 64 128 4 false kBlockScale"
+  "weighted_normal_t64_w128_fp8block_s3 kRoutingWeight false 64 128 3 false kBlockScale"
   "weighted_normal_t128_w128_fp8block kRoutingWeight false 128 128 6 false kBlockScale"
 )
 

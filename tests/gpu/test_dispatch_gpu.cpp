@@ -41,9 +41,11 @@ class ScopedTunedDir {
 };
 
 // Runs one layer with plan_options and compares it with the reference; the output's bits go to
-// out_bits when given.
+// out_bits when given. With poison_workspace the workspace starts as bf16 NaNs too, so a GEMM that
+// leaves rows of its output unwritten makes the layer's output non-finite there.
 testkit::CheckResult run_and_check(const testkit::LayerWeights& weights, int num_tokens, const PlanOptions& plan_options,
-                                   PlanInfo* plan, std::vector<std::uint16_t>* out_bits = nullptr) {
+                                   PlanInfo* plan, std::vector<std::uint16_t>* out_bits = nullptr,
+                                   bool poison_workspace = false) {
   const testkit::Stream stream;
   const testkit::RoutingDraw draw{testkit::RoutingMode::kUniform, 1, 2};
   const testkit::LayerInputs inputs =
@@ -51,6 +53,7 @@ testkit::CheckResult run_and_check(const testkit::LayerWeights& weights, int num
   const MoeRunner runner(weights.spec, plan_options);
   *plan = runner.plan_info(num_tokens);
   testkit::DeviceBuffer workspace(runner.workspace_bytes());
+  if (poison_workspace) testkit::poison_bf16(workspace.get(), workspace.bytes() / 2, stream.get());
   const std::size_t out_count = static_cast<std::size_t>(num_tokens) * weights.spec.hidden;
   testkit::DeviceBuffer out(out_count * sizeof(std::uint16_t));
   testkit::poison_bf16(out.get(), out_count, stream.get());
@@ -171,32 +174,40 @@ TEST(DispatchGpu, EveryEligibleVariantPairMatchesTheReference) {
   }
 }
 
-// GEMM2's FP8 128×128 tiles stage a whole tile in shared memory and store it by TMA, and keep direct
-// stores for an expert's last, partial tile and for a weight tile that reaches past H
-// (GemmConfig::kTmaStore). With ~350 rows per expert both paths run in each launch; H = 1344 (10.5
-// weight tiles, per-tensor scales: block scales need H % 128 == 0) adds the partial weight tile.
+// GEMM2's normal tiles with GemmConfig::kTmaStore stage a whole tile in shared memory and store it by
+// TMA, and keep direct stores for an expert's last, partial tile and for a weight tile that reaches
+// past H. ~10, ~65, ~350 and ~500 rows per expert (4 experts, top-2) give launches of partial tiles
+// only, and of whole and partial tiles together; H = 1344 (per-tensor scales and bf16: block scales
+// need H % 128 == 0) adds the partial weight tile. The workspace is poisoned: a row GEMM2 does not
+// write shows as a non-finite output.
 TEST(DispatchGpu, StagedTmaStoreTilesMatchTheReference) {
   HMOE_REQUIRE_HOPPER_GPU();
   const std::vector<std::tuple<QuantScheme, int, const char*>> cases = {
       {QuantScheme::kBlock128, 1024, "swiglu_normal_t128_w128_fp8block+weighted_normal_t128_w128_fp8block"},
+      {QuantScheme::kBlock128, 1024, "swiglu_normal_t64_w128_fp8block+weighted_normal_t64_w128_fp8block_s3"},
+      {QuantScheme::kBlock128, 1024, "swiglu_normal_t64_w64_fp8block+weighted_normal_t64_w64_fp8block"},
       {QuantScheme::kPerTensor, 1024, "swiglu_normal_t128_w128_fp8+weighted_normal_t128_w128_fp8"},
       {QuantScheme::kPerTensor, 1344, "swiglu_normal_t128_w128_fp8+weighted_normal_t128_w128_fp8"},
+      {QuantScheme::kPerChannelPerToken, 1344, "swiglu_normal_t64_w128_fp8+weighted_normal_t64_w128_fp8_s3"},
+      {QuantScheme::kNone, 1344, "swiglu_normal_t128_w256+weighted_normal_t128_w256_s3"},
+      {QuantScheme::kNone, 1344, "swiglu_normal_t64_w128+weighted_normal_t64_w128_s3"},
   };
   for (const auto& [scheme, hidden, variant] : cases) {
     MoeSpec spec = preset("mixtral-8x7b");   // softmax top-2
     spec.num_experts = 4;
     spec.hidden = hidden;
     spec.intermediate = 256;
-    spec.weight_dtype = WeightDType::kFP8E4M3;
+    spec.weight_dtype = scheme == QuantScheme::kNone ? WeightDType::kBF16 : WeightDType::kFP8E4M3;
     spec.scheme = scheme;
     const testkit::Stream stream;
     const testkit::LayerWeights weights =
         testkit::make_layer_weights(spec, kWeightSeed, /*keep_host_copy=*/true, stream.get());
-    for (int num_tokens : {700, 1000}) {
+    for (int num_tokens : {20, 130, 700, 1000}) {
       PlanOptions options{num_tokens};
       options.force_variant = variant;
       PlanInfo plan;
-      const testkit::CheckResult result = run_and_check(weights, num_tokens, options, &plan);
+      const testkit::CheckResult result =
+          run_and_check(weights, num_tokens, options, &plan, nullptr, /*poison_workspace=*/true);
       EXPECT_EQ(plan.gemm1_kernel + "+" + plan.gemm2_kernel, variant) << "H=" << hidden;
       std::cout << "  H=" << hidden << ":";
       expect_pass(result, plan, num_tokens);
