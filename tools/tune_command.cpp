@@ -13,10 +13,10 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <set>
 #include <sstream>
 
 #include "cli.hpp"
+#include "tune_choice.hpp"
 #include "decode/decode_layer.hpp"
 #include "dispatch/json.hpp"
 #include "dispatch/plan.hpp"
@@ -42,9 +42,10 @@ constexpr int kMinReplays = 10;
 // the warm-ups two thirds of a tune (~0.1 of ~0.15 s a point; 40-47 s a table on the H200).
 constexpr double kWarmupSecondsPerPoint = 0.02;
 constexpr int kInputSets = 2;
-// Keep the analytic choice unless a variant beats it by more than this: a closer win is within the
-// noise of 0.05 s points, and the minimum over ~16 noisy timings is biased low.
-constexpr double kNoiseMargin = 1.02;
+using tools::kNoiseMargin;
+// The final's points (tune_choice.hpp) are timed as `hmoe bench` times (4 input sets, 0.1 s of
+// warm-up), a little shorter.
+constexpr double kFinalSecondsPerPoint = 0.1;
 // A pair this much slower than the best at the previous bucket, with a work granule (orientation,
 // token tile) no larger than the best's, is not timed at larger T: growing T only adds tokens per
 // expert, which favours larger granules. Pairs with larger granules are always timed.
@@ -65,13 +66,15 @@ constexpr const char* kTuneUsage =
     "            the table is written, for studying the choices beyond the kept pair (its folder must exist)\n"
     "times every GEMM variant pair that can run the preset at each bucket (CUDA-graph replays, 0.05 s\n"
     "per point after 0.02 s of warm-up), keeps the fastest unless the analytic rule's pair is within\n"
-    "2%; at buckets T <= 4 it also times the fused decode layer (one kernel) and marks the bucket\n"
-    "\"fused\" when that beats the kept pair by more than 2% (PlanOptions::fused_decode = auto then\n"
-    "runs it there). What a bucket keeps is first checked against the float64 reference (4 sampled\n"
-    "tokens; fp8-tensor above 6 tokens with static activation scales: the same GEMMs at a sample's\n"
-    "cost); a pair that fails is reported and the next fastest kept. Writes\n"
-    "E=..,N=..,K=..,device_name=..,dtype=...json. Progress and ETA on stderr. Interrupted, a rerun\n"
-    "resumes from <table>.partial. Exit 1 if no Hopper GPU, 2 on bad usage\n";
+    "2%; where the two best are within 4% it re-times both as hmoe bench does (4 input sets, 0.1 s\n"
+    "warm-up, ABBA) and ranks them by that final; at buckets T <= 4 it also times the fused decode\n"
+    "layer (one kernel) and marks the bucket \"fused\" when that beats the kept pair by more than 2%\n"
+    "(PlanOptions::fused_decode = auto then runs it there). What a bucket keeps is first checked\n"
+    "against the float64 reference (4 sampled tokens; fp8-tensor above 6 tokens with static\n"
+    "activation scales: the same GEMMs at a sample's cost); a pair that fails is reported and the\n"
+    "next fastest kept. Writes E=..,N=..,K=..,device_name=..,dtype=...json. Progress and ETA on\n"
+    "stderr. Interrupted, a rerun resumes from <table>.partial. Exit 1 if no Hopper GPU, 2 on bad\n"
+    "usage\n";
 
 using PointKey = std::pair<int, std::string>;  // (T, variant id)
 
@@ -179,6 +182,23 @@ class Progress {
   void advance(int num_tokens, bool measured, const std::string& label) {
     done_weight_ += weight(num_tokens);
     if (measured) measured_weight_ += weight(num_tokens);
+    draw(num_tokens, label);
+  }
+
+  // Says what runs without moving the bar: the finals, which the total does not count. NOTE: their
+  // time still enters the ETA's rate, which therefore reads a little long.
+  void note(int num_tokens, const std::string& label) { draw(num_tokens, label); }
+
+  void finish() {
+    if (terminal_) std::fprintf(stderr, "\n");
+  }
+
+  double seconds_since_start() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  void draw(int num_tokens, const std::string& label) {
     const double fraction = std::min(1.0, done_weight_ / total_weight_);
     const double elapsed_s = seconds_since_start();
     const double eta_s = measured_weight_ > 0 ? elapsed_s / measured_weight_ * (total_weight_ - done_weight_) : 0.0;
@@ -197,15 +217,6 @@ class Progress {
     std::fflush(stderr);
   }
 
-  void finish() {
-    if (terminal_) std::fprintf(stderr, "\n");
-  }
-
-  double seconds_since_start() const {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
-
- private:
   double total_weight_;
   bool terminal_;
   std::chrono::steady_clock::time_point start_;
@@ -256,7 +267,6 @@ struct BucketChoice {
   double chosen_us = 0.0;    // the time of what runs: the fused layer's when fused
   std::string analytic;
   double analytic_us = 0.0;
-  double best_us = 0.0;      // the fastest pair's
   bool fused = false;        // the fused decode layer beat the chosen pair by more than the noise margin
   double unfused_us = 0.0;   // the chosen pair's time (fused buckets only)
 };
@@ -289,6 +299,7 @@ int tune(const TuneTarget& target, const std::vector<std::string>& args) {
     total_weight += Progress::weight(num_tokens) * (candidates.size() + (decode::applies(spec, num_tokens) ? 1 : 0));
   Progress progress(total_weight);
   std::vector<BucketChoice> choices;
+  std::vector<std::string> finals;   // one line per bucket that played a final
   int measured_points = 0;
   int checked_points = 0;    // kept pairs (and fused layers) checked against the reference
   int rejected_points = 0;   // of those, failed and left out
@@ -375,24 +386,43 @@ int tune(const TuneTarget& target, const std::vector<std::string>& args) {
     choice.num_tokens = num_tokens;
     choice.analytic = analytic;
     choice.analytic_us = times.at({num_tokens, analytic});
-    std::set<std::string> rejected;
-    while (true) {
-      choice.best_us = 0.0;
-      choice.chosen.clear();
-      for (const dispatch::PlanVariant& candidate : candidates) {
-        const auto found = times.find({num_tokens, candidate.id()});
-        if (found != times.end() && rejected.count(candidate.id()) == 0 &&
-            (choice.best_us == 0.0 || found->second < choice.best_us)) {
-          choice.best_us = found->second;
-          choice.chosen = candidate.id();
-        }
+    std::vector<tools::TimedPair> scan;
+    for (const dispatch::PlanVariant& candidate : candidates) {
+      const auto found = times.find({num_tokens, candidate.id()});
+      if (found != times.end()) scan.push_back({candidate.id(), found->second});
+    }
+    // Close calls of the scan are settled by a final timed as `hmoe bench` times. NOTE: not kept in
+    // <table>.partial: a resumed run plays the finals again (a second or so a bucket).
+    const std::vector<std::string> finalists = tools::finalists(scan, analytic);
+    std::map<std::string, double> final_us;
+    for (int round = 0; round < tools::kFinalRounds; ++round) {
+      for (const std::string& id : tools::final_round_order(finalists, round)) {
+        testkit::BenchOptions options = point_options(num_tokens);
+        options.force_variant = id;
+        options.input_sets = testkit::BenchOptions{}.input_sets;
+        options.warmup_seconds = testkit::BenchOptions{}.warmup_seconds;
+        options.seconds_per_point = kFinalSecondsPerPoint;
+        final_us[id] += testkit::bench_layer(weights, options).front().median_us / tools::kFinalRounds;
+        progress.note(num_tokens, dispatch::parse_plan_variant(id, spec).summary() + " (final)");
       }
-      if (choice.best_us * kNoiseMargin >= choice.analytic_us) choice.chosen = analytic;
-      if (check(choice.chosen, false)) break;
-      if (choice.chosen == analytic)
+    }
+    for (const std::string& id : tools::preference_order(scan, analytic, final_us)) {
+      choice.chosen = id;
+      if (check(id, false)) break;
+      if (id == analytic)
         throw Error("hmoe tune: the analytic rule's pair " + analytic + " fails the reference check at T = " +
                     std::to_string(num_tokens) + ": a library bug (run hmoe check; see docs/RELIABILITY.md)");
-      rejected.insert(choice.chosen);
+    }
+    if (!finalists.empty()) {
+      std::string line = "T=" + std::to_string(num_tokens) + " final:";
+      for (const std::string& id : finalists) {
+        char text[160];
+        std::snprintf(text, sizeof(text), " %s%s scan %.1f us, final %.1f us;",
+                      dispatch::parse_plan_variant(id, spec).summary().c_str(), id == analytic ? " (analytic)" : "",
+                      times.at({num_tokens, id}), final_us.at(id));
+        line += text;
+      }
+      finals.push_back(line + " keeps " + dispatch::parse_plan_variant(choice.chosen, spec).summary());
     }
     choice.chosen_us = times.at({num_tokens, choice.chosen});
     // The same margin for the fused layer, against the pair it would replace.
@@ -402,6 +432,10 @@ int tune(const TuneTarget& target, const std::vector<std::string>& args) {
       choice.fused = true;
       choice.unfused_us = choice.chosen_us;
       choice.chosen_us = fused->second;
+    } else if (final_us.count(choice.chosen) != 0 && final_us.count(analytic) != 0) {
+      // Both timed in the final: the table and the summary compare them as the final did.
+      choice.chosen_us = final_us.at(choice.chosen);
+      choice.analytic_us = final_us.at(analytic);
     }
     choices.push_back(choice);
     previous_bucket = num_tokens;
@@ -443,7 +477,8 @@ int tune(const TuneTarget& target, const std::vector<std::string>& args) {
   if (!target.points_path.empty()) write_file_atomically(target.points_path, points_json(target, times));
   fs::remove(target.partial_path, ignored);
 
-  // What tuning gained, from these measurements.
+  for (const std::string& line : finals) std::printf("%s\n", line.c_str());
+  // What tuning gained: the final's times where the kept pair and the analytic one both played it, else the scan's.
   std::printf("%6s  %-24s %10s  %-24s %10s %8s\n", "T", "analytic rule", "us", "tuned choice", "us", "speed-up");
   double log_vs_analytic = 0.0;
   for (const BucketChoice& choice : choices) {
