@@ -1,7 +1,8 @@
 // `hmoe bench` without a GPU: every malformed option is one line naming it, then the usage, exit 2;
 // --explain works for --spec and shows batch-invariant mode; the JSON/CSV renderings the scripts in
 // bench/ read parse and carry every field; the model layer table covers every preset; the committed
-// benchmark page is what bench/report.py makes of the committed results.
+// benchmark page is what bench/report.py makes of the committed results; scripts/ab-bench.py
+// alternates its rounds and reads the rows back.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,8 @@
 #include <iterator>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "dispatch/json.hpp"
 #include "hmoe/hmoe.hpp"
@@ -306,6 +309,72 @@ TEST(ReplayTiming, MeanOfPerSetMedians) {
   const hmoe::testkit::ReplayTiming shifted = hmoe::testkit::summarize_replays(more, 2);
   EXPECT_LT(std::abs(shifted.median_us - timing.median_us) / timing.median_us, 0.01);
   EXPECT_THROW(hmoe::testkit::summarize_replays({1.0}, 2), hmoe::Error);
+}
+
+}  // namespace
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// scripts/ab-bench.py, the device sessions' A/B of two builds: rounds alternate ABBA, each layer's
+// rows are read back from `hmoe bench --json`, and the ratio is of the rounds' means. Run here with
+// two stand-in `hmoe` scripts that write fixed rows.
+class AbBench : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::path(::testing::TempDir()) / ("ab-bench-" + std::to_string(::getpid()));
+    for (const auto& [side, median] : {std::pair{"a", 100.0}, {"b", 90.0}}) {
+      fs::create_directories(root_ / side);
+      const fs::path fake = root_ / side / "hmoe";
+      std::ofstream file(fake);
+      // Writes one row per --tokens entry with this side's median, and logs the call.
+      file << "#!/usr/bin/env python3\nimport json, sys\nargs = sys.argv[1:]\n"
+           << "tokens = [int(t) for t in args[args.index('--tokens') + 1].split(',')]\n"
+           << "out = args[args.index('--json') + 1]\n"
+           << "open('" << (root_ / "calls.log").string() << "', 'a').write('" << side << " ' + ' '.join(args) + '\\n')\n"
+           << "rows = [{'impl': 'hmoe', 'T': t, 'median_us': " << median << " + t, 'gemm1': 'g1', 'gemm2': 'g2'} "
+           << "for t in tokens]\n"
+           << "json.dump({'rows': rows}, open(out, 'w'))\n";
+      file.close();
+      fs::permissions(fake, fs::perms::owner_all);
+    }
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  hmoe::test::CommandResult ab(const std::string& arguments) const {
+    return hmoe::test::run_command("python3 '" + (fs::path(HMOE_SOURCE_DIR) / "scripts" / "ab-bench.py").string() +
+                                   "' " + arguments);
+  }
+
+  fs::path root_;
+};
+
+TEST_F(AbBench, AlternatesRoundsAndReportsTheRatioOfMeans) {
+  const hmoe::test::CommandResult result =
+      ab("--a '" + (root_ / "a").string() + "' --b '" + (root_ / "b").string() + "' --rounds 2 qwen3-30b-a3b:fp8-block:1,256");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  std::ifstream log(root_ / "calls.log");
+  std::vector<char> order;
+  for (std::string line; std::getline(log, line);) order.push_back(line[0]);
+  EXPECT_EQ(order, (std::vector<char>{'a', 'b', 'b', 'a'}));
+  // T = 256: A 356 µs, B 346 µs in both rounds.
+  EXPECT_TRUE(contains(result.output, "356.0 / 356.0")) << result.output;
+  EXPECT_TRUE(contains(result.output, "346.0 / 346.0")) << result.output;
+  EXPECT_TRUE(contains(result.output, "0.972x")) << result.output;
+  EXPECT_TRUE(contains(result.output, "plans: A g1+g2; B g1+g2")) << result.output;
+}
+
+TEST_F(AbBench, OneBuildNeedsTwoVariantsAndLayersAreChecked) {
+  const std::string a = "--a '" + (root_ / "a").string() + "' ";
+  EXPECT_EQ(ab(a + "qwen3-30b-a3b:bf16:4096").exit_code, 2);
+  EXPECT_EQ(ab(a + "qwen3-30b-a3b:bf16").exit_code, 2);
+  EXPECT_EQ(ab(a + "qwen3-30b-a3b:bf16:0").exit_code, 2);
+  const hmoe::test::CommandResult dry = ab(a + "--dry-run qwen3-30b-a3b:bf16:4096:x+y/-");
+  ASSERT_EQ(dry.exit_code, 0) << dry.output;
+  EXPECT_TRUE(contains(dry.output, "round 1 A: ")) << dry.output;
+  EXPECT_TRUE(contains(dry.output, "--variant x+y")) << dry.output;
+  EXPECT_TRUE(contains(dry.output, "round 2 A: ")) << dry.output;
 }
 
 }  // namespace
