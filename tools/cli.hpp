@@ -80,6 +80,7 @@ int run_bench(const std::vector<std::string>& args);
 int run_tune(const std::vector<std::string>& args);
 int run_coldstart(const std::vector<std::string>& args);
 int run_quantize(const std::vector<std::string>& args);
+int run_trace(const std::vector<std::string>& args);
 
 // The steady-clock time main() was entered (recorded first thing), for `hmoe coldstart`.
 void record_main_entry();

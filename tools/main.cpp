@@ -1,6 +1,6 @@
 // `hmoe`: inspect the device and kernels (info), check layers against the CPU reference (check),
 // time them against the hardware floor (bench), tune the variant choice (tune), time start-up (coldstart),
-// quantise bf16 weights to FP8 (quantize).
+// quantise bf16 weights to FP8 (quantize), record the expert GEMMs' work-item timeline (trace).
 #include <iostream>
 #include <string>
 #include <vector>
@@ -18,6 +18,7 @@ constexpr const char* kUsage =
     "  tune       time every eligible kernel variant per token count; write the tuned table\n"
     "  coldstart  time from process start to the first output, and first-call vs steady latency\n"
     "  quantize   bf16 expert weights (raw file) -> e4m3 values and scales in a checkpoint FP8 layout\n"
+    "  trace      where an expert-GEMM work item's time goes (a build with -DHMOE_GEMM_TRACE=ON)\n"
     "run 'hmoe <command> --help' for the options of a command\n";
 
 }  // namespace
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
   if (command == "tune") return hmoe::cli::run_tune(rest);
   if (command == "coldstart") return hmoe::cli::run_coldstart(rest);
   if (command == "quantize") return hmoe::cli::run_quantize(rest);
+  if (command == "trace") return hmoe::cli::run_trace(rest);
   std::cerr << "hmoe: unknown command '" << command << "'\n" << kUsage;
   return hmoe::cli::kExitUsage;
 }

@@ -14,6 +14,7 @@
 #include "gemm/scheduler.cuh"
 #include "gemm/split_k.cuh"
 #include "gemm/tensor_map.hpp"
+#include "gemm/trace.cuh"
 
 #include <cutlass/arch/reg_reconfig.h>
 
@@ -32,7 +33,19 @@ struct KernelArgs {
   EpilogueArgs epilogue;
   ScaleArgs scales;          // FP8 variants only
   SplitArgs split;           // splits > 1 only
+#ifdef HMOE_GEMM_TRACE
+  trace::LaunchTrace trace;  // the launch's slot of the timeline buffer (trace.hpp), or none
+#endif
 };
+
+// The launch's timeline slot: none unless the build traces (trace.hpp). NOTE: a reference into the
+// kernel parameters, so that the slot's fields are read from the constant bank where used rather than
+// held in registers (the producer warpgroup has 40 of them).
+#ifdef HMOE_GEMM_TRACE
+__device__ __forceinline__ const trace::LaunchTrace& launch_trace(const KernelArgs& args) { return args.trace; }
+#else
+__device__ __forceinline__ trace::LaunchTrace launch_trace(const KernelArgs&) { return {}; }
+#endif
 
 // Token tiles the persistent scheduler interleaves at most (normal orientation): 8 tiles of 128 rows
 // of a 4096-wide e4m3 K are 4 MB of L2, the weight tiles one wave reads beside them about as much.
@@ -68,7 +81,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) expert_gemm_kernel(const 
         cute::prefetch_tma_descriptor(&args.weight_map);
       }
       produce<Config>(smem, &args.token_map, &args.weight_map, args.token_index, scheduler,
-                      args.epilogue.weight_rows);
+                      args.epilogue.weight_rows, launch_trace(args));
     }
     return;
   }
@@ -76,7 +89,23 @@ __global__ void __launch_bounds__(Config::kThreads, 1) expert_gemm_kernel(const 
   PipelineState state;
   WorkItem item;
   float accumulator[Config::kTileN / 2];
+  // The timeline (trace builds only): each consumer warpgroup's first thread records its items.
+  [[maybe_unused]] std::uint32_t item_count = 0;
+  const auto record = [&]([[maybe_unused]] trace::Event event, [[maybe_unused]] std::uint32_t item_index) {
+    if constexpr (trace::kCompiled) {
+      if (threadIdx.x % 128 == 0)
+        trace::record_at(launch_trace(args), 1 + threadIdx.x / 128, trace::consumer_slot(event, item_index), event,
+                         item_index);
+    }
+  };
   while (scheduler.next(item)) {
+    const std::uint32_t item_index = item_count++;
+    record(trace::Event::kItemStart, item_index);
+    if constexpr (trace::kCompiled) {
+      // Waiting on a barrier phase leaves it as it is: the mainloop's own wait then returns at once.
+      if (threadIdx.x % 128 == 0) ptx::Barrier::wait(&smem.full[state.stage], state.phase);
+      record(trace::Event::kFirstStage, item_index);
+    }
     if constexpr (Config::kFp8 && !Config::kSwapAB && Config::kConsumers == 2) {
       if constexpr (Config::kQuant == QuantKind::kBlockScale) {
         consume_promoted_overlapped<Config>(smem, state, item.k_begin, item.k_end, accumulator,
@@ -91,11 +120,16 @@ __global__ void __launch_bounds__(Config::kThreads, 1) expert_gemm_kernel(const 
     } else {
       consume<Config>(smem, state, item.k_begin, item.k_end, accumulator);
     }
+    record(trace::Event::kMainloopEnd, item_index);
     if constexpr (Config::kSplitK) {
       if (args.splits > 1 && !reduce_splits<Config>(accumulator, item, args.splits, args.split)) continue;
     }
     if constexpr (Config::kQuant == QuantKind::kEpilogueScale) apply_epilogue_scales<Config>(accumulator, item, args.scales);
     Epilogue<Config>::apply(accumulator, item, args.epilogue, StoreTarget{&args.out_map, smem.store_tile()});
+    record(trace::Event::kEpilogueEnd, item_index);
+  }
+  if constexpr (trace::kCompiled) {
+    if (threadIdx.x % 128 == 0) trace::finish(launch_trace(args), 1 + threadIdx.x / 128, 4 * item_count);
   }
   // The staged tile must stay until the last TMA store has read it.
   if constexpr (Config::kTmaStore) {
@@ -134,7 +168,7 @@ int ctas_per_sm() {
 }
 
 template <class Config>
-void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream) {
+void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream, [[maybe_unused]] const char* variant_name) {
   // 1. Preconditions (the dispatcher only picks variants whose constraints hold; re-checked cheaply).
   if (launch.k % 8 != 0 || launch.out_cols % 2 != 0)
     throw Error("hmoe: expert GEMM needs K % 8 == 0 and an even output width (K = " + std::to_string(launch.k) + ")");
@@ -187,6 +221,9 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream) {
   args.epilogue = EpilogueArgs{launch.out, launch.out_cols, launch.weight_rows, launch.row_weights, tma_store};
   args.scales = ScaleArgs{launch.weight_scale, launch.token_scale, launch.per_row_scales, launch.weight_rows,
                           launch.k / kScaleGroup};
+#ifdef HMOE_GEMM_TRACE
+  args.trace = trace::next_launch(variant_name, grid);
+#endif
   // 4. Launch.
   launch_kernel(launch.pdl, expert_gemm_kernel<Config>, grid, Config::kThreads, Config::kSmemBytes, stream, args);
 }

@@ -7,6 +7,7 @@
 #include "gemm/config.hpp"
 #include "gemm/ptx.cuh"
 #include "gemm/scheduler.cuh"
+#include "gemm/trace.cuh"
 
 namespace hmoe::gemm {
 
@@ -42,15 +43,17 @@ struct PipelineState {
 template <class Config>
 __device__ void produce(const SharedStorage<Config>& smem, const CUtensorMap* token_map,
                         const CUtensorMap* weight_map, const int* token_index, PersistentScheduler scheduler,
-                        int weight_rows) {
+                        int weight_rows, const trace::LaunchTrace& launch_trace) {
   constexpr int kRowsPerLane = (Config::kTokenTile + 31) / 32;
   constexpr int kRowBytes = kTileRowBytes;
   constexpr int kBlockK = Config::kBlockK;
   constexpr int kWeightBytes = Config::kWeightTile * kRowBytes;
   const int lane = threadIdx.x % 32;
+  [[maybe_unused]] std::uint32_t item_count = 0, records = 0;   // the timeline (trace builds only)
   PipelineState state;
   WorkItem item;
   while (scheduler.next(item)) {
+    [[maybe_unused]] const std::uint32_t item_index = item_count++;
     const int weight_row = item.tokens.expert * weight_rows + item.weight_tile * Config::kWeightTile;
     const int token_rows = item.tokens.row_end - item.tokens.row_begin;
     int gathered_row[kRowsPerLane];
@@ -69,6 +72,7 @@ __device__ void produce(const SharedStorage<Config>& smem, const CUtensorMap* to
       if (lane == 0) {
         // NOTE: parity (phase ^ 1) passes at once on a fresh barrier: every stage starts empty.
         ptx::Barrier::wait(&smem.empty[state.stage], state.phase ^ 1);
+        trace::record(launch_trace, 0, records, trace::Event::kStageIssued, item_index, k_block);
         ptx::Barrier::arrive_and_expect_tx(&smem.full[state.stage], stage_bytes);
         ptx::tma_load_2d(weight_map, &smem.full[state.stage], weight_tile, k_block * kBlockK, weight_row);
         if constexpr (!Config::kGatherTokens)
@@ -86,6 +90,7 @@ __device__ void produce(const SharedStorage<Config>& smem, const CUtensorMap* to
       state.advance<Config::kStages>();
     }
   }
+  if (lane == 0) trace::finish(launch_trace, 0, records);
 }
 
 template <int kTileN, bool kFp8>
