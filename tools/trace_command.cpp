@@ -4,7 +4,6 @@
 // -DHMOE_GEMM_TRACE=ON (the default build's kernels hold none of it).
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <iostream>
@@ -25,8 +24,6 @@ namespace {
 
 namespace trace = gemm::trace;
 
-// Launches a layer holds at most in the buffer (two GEMMs, a few more when it runs in chunks).
-constexpr int kMaxLaunches = 4;
 constexpr int kDefaultRecords = 8192;
 constexpr int kMostRecords = 1 << 20;
 
@@ -98,63 +95,22 @@ int run_trace(const std::vector<std::string>& args) {
     for (int run = 0; run < 2; ++run) testkit::run_layer(runner, run_args, inputs, stream.get());
     stream.synchronize();
 
-    // Four CTAs an SM at most (the GEMM variants run one to three).
-    trace::Buffer buffer;
-    buffer.per_role = records_per_role;
-    buffer.max_ctas = 4 * device.sm_count;
-    buffer.max_launches = kMaxLaunches;
-    const std::size_t role_slots = static_cast<std::size_t>(kMaxLaunches) * buffer.max_ctas * trace::kRoles;
-    testkit::DeviceBuffer records(role_slots * records_per_role * sizeof(trace::Record));
-    testkit::DeviceBuffer counts(role_slots * sizeof(std::uint32_t));
-    // Zeroed: a consumer's records sit at fixed places, and one no event fills reads as clock 0.
-    HMOE_CUDA_CHECK(cudaMemsetAsync(counts.get(), 0, counts.bytes(), stream.get()));
-    HMOE_CUDA_CHECK(cudaMemsetAsync(records.get(), 0, records.bytes(), stream.get()));
-    buffer.records = static_cast<trace::Record*>(records.get());
-    buffer.counts = static_cast<std::uint32_t*>(counts.get());
-    trace::set_buffer(buffer);
-    testkit::run_layer(runner, run_args, inputs, stream.get());
-    const int launches = trace::clear();
-    stream.synchronize();
-
-    std::vector<std::uint32_t> host_counts(role_slots);
-    HMOE_CUDA_CHECK(cudaMemcpy(host_counts.data(), counts.get(), counts.bytes(), cudaMemcpyDeviceToHost));
-    std::vector<testkit::LaunchRecords> recorded;
+    const std::vector<testkit::LaunchRecords> recorded = testkit::record_gemm_timeline(
+        [&] { testkit::run_layer(runner, run_args, inputs, stream.get()); }, stream.get(), records_per_role);
     std::vector<testkit::LaunchSummary> summaries;
-    for (int launch = 0; launch < launches; ++launch) {
-      testkit::LaunchRecords records_of_launch;
-      records_of_launch.variant = trace::launch_variant(launch);
-      records_of_launch.grid = trace::launch_grid(launch);
-      const int ctas = std::min(records_of_launch.grid, buffer.max_ctas);
-      records_of_launch.ctas.resize(ctas);
-      for (int cta = 0; cta < ctas; ++cta) {
-        for (int role = 0; role < trace::kRoles; ++role) {
-          const std::size_t slot = (static_cast<std::size_t>(launch) * buffer.max_ctas + cta) * trace::kRoles + role;
-          const std::uint32_t made = host_counts[slot];
-          const std::uint32_t kept = std::min<std::uint32_t>(made, records_per_role);
-          records_of_launch.dropped += made - kept;
-          std::vector<trace::Record>& into = records_of_launch.ctas[cta][role];
-          into.resize(kept);
-          if (kept > 0)
-            HMOE_CUDA_CHECK(cudaMemcpy(into.data(), buffer.records + slot * records_per_role,
-                                       kept * sizeof(trace::Record), cudaMemcpyDeviceToHost));
-        }
-      }
-      summaries.push_back(testkit::summarize(records_of_launch));
-      recorded.push_back(std::move(records_of_launch));
-    }
+    for (const testkit::LaunchRecords& launch : recorded) summaries.push_back(testkit::summarize(launch));
     int clock_khz = 0;
     int device_index = 0;
     HMOE_CUDA_CHECK(cudaGetDevice(&device_index));
     HMOE_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device_index));
     const PlanInfo plan = runner.plan_info(num_tokens);
-    std::printf("%s, %s T=%d %s, plan %s [%s]; %d GEMM launches recorded\n", testkit::describe(device).c_str(),
+    std::printf("%s, %s T=%d %s, plan %s [%s]; %zu GEMM launches recorded\n", testkit::describe(device).c_str(),
                 preset_name.c_str(), num_tokens, dtype_name(spec).c_str(), plan_summary(plan).c_str(),
-                plan.source.c_str(), launches);
+                plan.source.c_str(), recorded.size());
     std::printf("%s", testkit::format_summaries(summaries, clock_khz).c_str());
     if (!csv_path.empty()) testkit::write_text_file(csv_path, testkit::records_csv(recorded));
     return 0;
   } catch (const std::exception& error) {
-    trace::clear();
     std::cerr << "hmoe trace: " << error.what() << "\n";
     return kExitFailure;
   }

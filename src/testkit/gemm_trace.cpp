@@ -8,10 +8,14 @@
 #include <map>
 #include <sstream>
 
+#include "common/cuda_check.hpp"
+#include "testkit/cuda_handles.hpp"
+#include "testkit/device.hpp"
+
 namespace hmoe::testkit {
 namespace {
 
-using gemm::trace::Event;
+using TraceEvent = gemm::trace::Event;
 using gemm::trace::Record;
 
 constexpr std::uint64_t kMissing = std::numeric_limits<std::uint64_t>::max();
@@ -31,7 +35,65 @@ double signed_difference(std::uint64_t later, std::uint64_t earlier) {
   return static_cast<double>(static_cast<std::int64_t>(later - earlier));
 }
 
+// Launches one layer holds at most in the buffer (two GEMMs, a few more when it runs in chunks).
+constexpr int kMaxLaunches = 4;
+// CTAs an SM at most (the GEMM variants run one to three).
+constexpr int kMaxCtasPerSm = 4;
+
 }  // namespace
+
+std::vector<LaunchRecords> record_gemm_timeline(const std::function<void()>& run, cudaStream_t stream,
+                                                int records_per_role) {
+  namespace trace = gemm::trace;
+  std::vector<LaunchRecords> recorded;
+  if (!trace::kCompiled) return recorded;
+  trace::Buffer buffer;
+  buffer.per_role = records_per_role;
+  buffer.max_ctas = kMaxCtasPerSm * current_device_info().sm_count;
+  buffer.max_launches = kMaxLaunches;
+  const std::size_t role_slots = static_cast<std::size_t>(kMaxLaunches) * buffer.max_ctas * trace::kRoles;
+  DeviceBuffer records(role_slots * records_per_role * sizeof(Record));
+  DeviceBuffer counts(role_slots * sizeof(std::uint32_t));
+  // Zeroed: a consumer's records sit at fixed places, and one no event fills reads as clock 0.
+  HMOE_CUDA_CHECK(cudaMemsetAsync(counts.get(), 0, counts.bytes(), stream));
+  HMOE_CUDA_CHECK(cudaMemsetAsync(records.get(), 0, records.bytes(), stream));
+  buffer.records = static_cast<Record*>(records.get());
+  buffer.counts = static_cast<std::uint32_t*>(counts.get());
+  trace::set_buffer(buffer);
+  try {
+    run();
+  } catch (...) {
+    trace::clear();
+    throw;
+  }
+  const int launches = trace::clear();
+  HMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+
+  std::vector<std::uint32_t> host_counts(role_slots);
+  HMOE_CUDA_CHECK(cudaMemcpy(host_counts.data(), counts.get(), counts.bytes(), cudaMemcpyDeviceToHost));
+  for (int launch = 0; launch < launches; ++launch) {
+    LaunchRecords of_launch;
+    of_launch.variant = trace::launch_variant(launch);
+    of_launch.grid = trace::launch_grid(launch);
+    const int ctas = std::min(of_launch.grid, buffer.max_ctas);
+    of_launch.ctas.resize(ctas);
+    for (int cta = 0; cta < ctas; ++cta) {
+      for (int role = 0; role < trace::kRoles; ++role) {
+        const std::size_t slot = (static_cast<std::size_t>(launch) * buffer.max_ctas + cta) * trace::kRoles + role;
+        const std::uint32_t made = host_counts[slot];
+        const std::uint32_t kept = std::min<std::uint32_t>(made, static_cast<std::uint32_t>(records_per_role));
+        of_launch.dropped += made - kept;
+        std::vector<Record>& into = of_launch.ctas[cta][role];
+        into.resize(kept);
+        if (kept > 0)
+          HMOE_CUDA_CHECK(cudaMemcpy(into.data(), buffer.records + slot * records_per_role, kept * sizeof(Record),
+                                     cudaMemcpyDeviceToHost));
+      }
+    }
+    recorded.push_back(std::move(of_launch));
+  }
+  return recorded;
+}
 
 LaunchSummary summarize(const LaunchRecords& launch) {
   LaunchSummary summary;
@@ -45,19 +107,19 @@ LaunchSummary summarize(const LaunchRecords& launch) {
     // The producer's first issue of each item (its lowest K block comes first).
     std::map<std::uint32_t, std::uint64_t> first_issue;
     for (const Record& record : roles[0])
-      if (record.clock != 0 && static_cast<Event>(record.event) == Event::kStageIssued)
+      if (record.clock != 0 && static_cast<TraceEvent>(record.event) == TraceEvent::kStageIssued)
         first_issue.emplace(record.item, record.clock);
     for (int role = 1; role < gemm::trace::kRoles; ++role) {
       std::map<std::uint32_t, ItemTimes> items;
       for (const Record& record : roles[role]) {
         if (record.clock == 0) continue;   // a place no event filled (an item without its own epilogue)
         ItemTimes& times = items[record.item];
-        switch (static_cast<Event>(record.event)) {
-          case Event::kItemStart: times.start = record.clock; break;
-          case Event::kFirstStage: times.first_stage = record.clock; break;
-          case Event::kMainloopEnd: times.mainloop_end = record.clock; break;
-          case Event::kEpilogueEnd: times.epilogue_end = record.clock; break;
-          case Event::kStageIssued: break;
+        switch (static_cast<TraceEvent>(record.event)) {
+          case TraceEvent::kItemStart: times.start = record.clock; break;
+          case TraceEvent::kFirstStage: times.first_stage = record.clock; break;
+          case TraceEvent::kMainloopEnd: times.mainloop_end = record.clock; break;
+          case TraceEvent::kEpilogueEnd: times.epilogue_end = record.clock; break;
+          case TraceEvent::kStageIssued: break;
         }
       }
       for (auto it = items.begin(); it != items.end(); ++it) {

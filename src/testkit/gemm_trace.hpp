@@ -3,8 +3,11 @@
 // whether the producer had issued that first stage before the consumers wanted it.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,6 +47,12 @@ struct LaunchSummary {
   // Median over all items of item start − first stage issued: how far ahead the producer ran.
   double producer_lead_cycles = 0.0;
 };
+
+// Runs `run` (which enqueues on `stream`) with every expert-GEMM launch recording into a buffer of
+// `records_per_role` records per recording thread, waits for it, and returns the launches' records.
+// A build without the timeline (gemm::trace::kCompiled false) records nothing: no launches.
+std::vector<LaunchRecords> record_gemm_timeline(const std::function<void()>& run, cudaStream_t stream,
+                                                int records_per_role);
 
 LaunchSummary summarize(const LaunchRecords& launch);
 

@@ -4,18 +4,23 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <array>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <set>
 #include <tuple>
 #include <vector>
 
 #include "dispatch/json.hpp"
 #include "dispatch/registry.hpp"
 #include "dispatch/tuned_table.hpp"
+#include "gemm/trace.hpp"
 #include "gpu_test_support.hpp"
 #include "testkit/check.hpp"
+#include "testkit/gemm_trace.hpp"
 
 namespace hmoe::test {
 namespace {
@@ -212,6 +217,72 @@ TEST(DispatchGpu, StagedTmaStoreTilesMatchTheReference) {
       std::cout << "  H=" << hidden << ":";
       expect_pass(result, plan, num_tokens);
     }
+  }
+}
+
+// The GEMM timeline of a -DHMOE_GEMM_TRACE=ON build (src/gemm/trace.hpp, `hmoe trace`): the traced
+// run is still right; each GEMM launch recorded every item it took with its events in order; the
+// producer issued a stage for every item a consumer warpgroup took; the two warpgroups of a
+// two-consumer tile took the same items. Decode (Swap-AB, gathering, split K) and prefill (two
+// consumers, FP8 block scales). The default build records nothing: skipped there.
+TEST(DispatchGpu, GemmTimelineRecordsEveryItemInOrder) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  if (!gemm::trace::kCompiled) GTEST_SKIP() << "this build records no GEMM timeline (configure with -DHMOE_GEMM_TRACE=ON)";
+  using gemm::trace::Event;
+  const std::vector<std::pair<const testkit::LayerWeights*, int>> cases = {
+      {&cached_weights("qwen3-30b-a3b"), 7},
+      {&cached_weights("qwen3-30b-a3b"), 1000},
+      {&cached_fp8_weights("qwen3-30b-a3b", QuantScheme::kBlock128), 4096},
+  };
+  for (const auto& [weights, num_tokens] : cases) {
+    PlanOptions options{num_tokens};
+    options.warm_up = false;   // its small launches would take the buffer's first slots
+    options.fused_decode = FusedDecode::kOff;
+    PlanInfo plan;
+    testkit::CheckResult result;
+    const std::vector<testkit::LaunchRecords> launches = testkit::record_gemm_timeline(
+        [&] { result = run_and_check(*weights, num_tokens, options, &plan); }, nullptr, 1 << 14);
+    expect_pass(result, plan, num_tokens);
+    ASSERT_EQ(launches.size(), 2u) << "T=" << num_tokens;
+    EXPECT_EQ(launches[0].variant, plan.gemm1_kernel);
+    EXPECT_EQ(launches[1].variant, plan.gemm2_kernel);
+    for (const testkit::LaunchRecords& launch : launches) {
+      EXPECT_EQ(launch.dropped, 0) << launch.variant;
+      long long items = 0;
+      for (std::size_t cta = 0; cta < launch.ctas.size(); ++cta) {
+        const auto& roles = launch.ctas[cta];
+        std::set<std::uint32_t> issued;
+        for (const gemm::trace::Record& record : roles[0]) {
+          EXPECT_EQ(record.event, static_cast<std::uint8_t>(Event::kStageIssued));
+          issued.insert(record.item);
+        }
+        std::array<std::set<std::uint32_t>, 2> taken;
+        for (int role = 1; role < gemm::trace::kRoles; ++role) {
+          std::map<std::uint32_t, std::array<std::uint64_t, 4>> clocks;   // start, first stage, mainloop, epilogue
+          for (const gemm::trace::Record& record : roles[role]) {
+            if (record.clock == 0) continue;
+            ASSERT_GE(record.event, static_cast<std::uint8_t>(Event::kItemStart));
+            clocks[record.item][record.event - static_cast<int>(Event::kItemStart)] = record.clock;
+          }
+          for (const auto& [item, at] : clocks) {
+            taken[role - 1].insert(item);
+            const std::string where = launch.variant + " CTA " + std::to_string(cta) + " role " +
+                                      std::to_string(role) + " item " + std::to_string(item);
+            EXPECT_EQ(issued.count(item), 1u) << where;
+            EXPECT_NE(at[0], 0u) << where;
+            EXPECT_LE(at[0], at[1]) << where;
+            EXPECT_LE(at[1], at[2]) << where;
+            if (at[3] != 0) EXPECT_LE(at[2], at[3]) << where;   // split K: only the last split has an epilogue
+          }
+        }
+        items += static_cast<long long>(taken[0].size());
+        if (!taken[1].empty()) EXPECT_EQ(taken[0], taken[1]) << launch.variant << " CTA " << cta;
+      }
+      EXPECT_GT(items, 0) << launch.variant;
+    }
+    std::vector<testkit::LaunchSummary> summaries;
+    for (const testkit::LaunchRecords& launch : launches) summaries.push_back(testkit::summarize(launch));
+    std::cout << testkit::format_summaries(summaries, 0);
   }
 }
 
