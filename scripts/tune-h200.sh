@@ -81,6 +81,8 @@ for table in $tables; do
   line=$(grep '^summary:' "$log.log" | sed 's/^summary: //')
   [ $rc = 124 ] && line="STOPPED by its ${limit} s timeout (tuned/*.partial keeps its points)"
   note "tune         | $preset $dtype: ${line:-FAILED (exit $rc, see $(basename "$log").err)} [$(( $(date +%s) - start )) s]"
+  # The buckets whose close call went to a final (hmoe tune's "T=... final:" lines, docs/DISPATCH.md).
+  while read -r final; do note "  final      | $preset $dtype $final"; done < <(grep '^T=[0-9]* final:' "$log.log")
 done
 note "tables       | $(ls tuned/*.json 2>/dev/null | wc -l) in tuned/ (all of them go back in \$OUT/tuned.tgz)"
 
