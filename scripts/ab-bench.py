@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """A/B two hmoe builds (or two kernel pairs of one build) with `hmoe bench`, in alternating rounds.
 
-Usage: scripts/ab-bench.py --a DIR [--b DIR] [--rounds N] [--dry-run] LAYER [LAYER ...]
-  DIR    a build folder holding `hmoe` (B defaults to A: then the layers name two variants)
+Usage: scripts/ab-bench.py --a DIR [--b DIR] [--a-env K=V]... [--b-env K=V]... [--rounds N] [--dry-run]
+                           LAYER [LAYER ...]
+  DIR    a build folder holding `hmoe` (B defaults to A: then the layers name two variants, or the
+         sides differ in their environment, e.g. --b-env HMOE_GEMM2_STORE=copy)
   LAYER  PRESET:DTYPE:T[,T...] or PRESET:DTYPE:T[,T...]:VARIANT_A[/VARIANT_B]
          (VARIANT: GEMM1+GEMM2 kernel names, `hmoe info --kernels`; `-` for the plan's own choice)
 
@@ -44,8 +46,9 @@ def bench_command(build, layer, variant, json_path):
     return command
 
 
-def run_bench(command, json_path):
-    completed = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def run_bench(command, json_path, env):
+    completed = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, **env})
     if completed.returncode != 0:
         sys.stdout.write(completed.stdout)
         raise RuntimeError(f"{' '.join(command)} exited {completed.returncode}")
@@ -60,6 +63,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--a", required=True, help="build folder A")
     parser.add_argument("--b", help="build folder B (default: A)")
+    parser.add_argument("--a-env", action="append", default=[], metavar="K=V", help="environment of A's runs")
+    parser.add_argument("--b-env", action="append", default=[], metavar="K=V", help="environment of B's runs")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     parser.add_argument("layers", nargs="+")
@@ -67,12 +72,21 @@ def main():
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     builds = {"A": args.a, "B": args.b or args.a}
+    envs = {}
+    for side, pairs in (("A", args.a_env), ("B", args.b_env)):
+        envs[side] = {}
+        for pair in pairs:
+            if "=" not in pair or pair.startswith("="):
+                parser.error(f"--{side.lower()}-env '{pair}': expected NAME=VALUE")
+            name, value = pair.split("=", 1)
+            envs[side][name] = value
     try:
         layers = [parse_layer(text) for text in args.layers]
     except ValueError as error:
         parser.error(str(error))
-    if builds["A"] == builds["B"] and any(layer["variants"][0] == layer["variants"][1] for layer in layers):
-        parser.error("A and B are one build: each layer must name two different variants")
+    if builds["A"] == builds["B"] and envs["A"] == envs["B"] and \
+            any(layer["variants"][0] == layer["variants"][1] for layer in layers):
+        parser.error("A and B are one build with one environment: each layer must name two different variants")
 
     with tempfile.TemporaryDirectory() as scratch:
         json_path = os.path.join(scratch, "rows.json")
@@ -85,9 +99,10 @@ def main():
                     variant = layer["variants"][0 if side == "A" else 1]
                     command = bench_command(builds[side], layer, variant, json_path)
                     if args.dry_run:
-                        print(f"round {round_index + 1} {side}: {' '.join(command)}")
+                        prefix = " ".join(f"{k}={v}" for k, v in envs[side].items())
+                        print(f"round {round_index + 1} {side}: {prefix + ' ' if prefix else ''}{' '.join(command)}")
                         continue
-                    rows = run_bench(command, json_path)
+                    rows = run_bench(command, json_path, envs[side])
                     times[side].append({t: rows[t][0] for t in layer["tokens"]})
                     plans[side] = ", ".join(sorted({rows[t][1] for t in layer["tokens"]}))
             results.append((layer, times, plans))

@@ -375,6 +375,11 @@ TEST_F(AbBench, OneBuildNeedsTwoVariantsAndLayersAreChecked) {
   EXPECT_TRUE(contains(dry.output, "round 1 A: ")) << dry.output;
   EXPECT_TRUE(contains(dry.output, "--variant x+y")) << dry.output;
   EXPECT_TRUE(contains(dry.output, "round 2 A: ")) << dry.output;
+  // One build, one variant, two environments.
+  const hmoe::test::CommandResult env = ab(a + "--b-env HMOE_GEMM2_STORE=copy --dry-run qwen3-30b-a3b:bf16:4096");
+  ASSERT_EQ(env.exit_code, 0) << env.output;
+  EXPECT_TRUE(contains(env.output, "round 1 B: HMOE_GEMM2_STORE=copy ")) << env.output;
+  EXPECT_EQ(ab(a + "--b-env NOEQUALS qwen3-30b-a3b:bf16:4096").exit_code, 2);
 }
 
 }  // namespace
