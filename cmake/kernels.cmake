@@ -35,6 +35,7 @@ set(HMOE_GEMM_VARIANTS
   "swiglu_swap_t64_w128_fp8 kSwiGlu true 64 128 6 false kEpilogueScale"
   "swiglu_normal_t64_w128_fp8 kSwiGlu false 64 128 4 false kEpilogueScale"
   "swiglu_normal_t128_w128_fp8 kSwiGlu false 128 128 6 false kEpilogueScale"
+  "swiglu_normal_t128_w256_fp8 kSwiGlu false 128 256 4 false kEpilogueScale"
   "weighted_swap_t8_w64_fp8 kRoutingWeight true 8 64 8 false kEpilogueScale"
   "weighted_swap_t16_w64_fp8 kRoutingWeight true 16 64 6 false kEpilogueScale"
   "weighted_swap_t32_w64_fp8 kRoutingWeight true 32 64 6 false kEpilogueScale"
@@ -44,6 +45,7 @@ set(HMOE_GEMM_VARIANTS
   "weighted_normal_t64_w128_fp8 kRoutingWeight false 64 128 4 false kEpilogueScale"
   "weighted_normal_t64_w128_fp8_s3 kRoutingWeight false 64 128 3 false kEpilogueScale"
   "weighted_normal_t128_w128_fp8 kRoutingWeight false 128 128 6 false kEpilogueScale"
+  "weighted_normal_t128_w256_fp8_s3 kRoutingWeight false 128 256 3 false kEpilogueScale"
   "swiglu_swap_t8_w64_fp8block kSwiGlu true 8 64 8 false kBlockScale"
   "swiglu_swap_t16_w64_fp8block kSwiGlu true 16 64 6 false kBlockScale"
   "swiglu_swap_t32_w64_fp8block kSwiGlu true 32 64 6 false kBlockScale"
@@ -54,6 +56,7 @@ set(HMOE_GEMM_VARIANTS
   "swiglu_normal_t64_w64_fp8block kSwiGlu false 64 64 6 false kBlockScale"
   "swiglu_normal_t64_w128_fp8block kSwiGlu false 64 128 4 false kBlockScale"
   "swiglu_normal_t128_w128_fp8block kSwiGlu false 128 128 6 false kBlockScale"
+  "swiglu_normal_t128_w256_fp8block kSwiGlu false 128 256 4 false kBlockScale"
   "weighted_swap_t8_w64_fp8block kRoutingWeight true 8 64 8 false kBlockScale"
   "weighted_swap_t16_w64_fp8block kRoutingWeight true 16 64 6 false kBlockScale"
   "weighted_swap_t32_w64_fp8block kRoutingWeight true 32 64 6 false kBlockScale"
@@ -65,6 +68,7 @@ set(HMOE_GEMM_VARIANTS
   "weighted_normal_t64_w128_fp8block kRoutingWeight false 64 128 4 false kBlockScale"
   "weighted_normal_t64_w128_fp8block_s3 kRoutingWeight false 64 128 3 false kBlockScale"
   "weighted_normal_t128_w128_fp8block kRoutingWeight false 128 128 6 false kBlockScale"
+  "weighted_normal_t128_w256_fp8block_s3 kRoutingWeight false 128 256 3 false kBlockScale"
 )
 
 set(HMOE_GENERATED_DIR "${CMAKE_CURRENT_BINARY_DIR}/generated")

@@ -61,13 +61,20 @@ struct GemmConfig {
   static constexpr bool kGatherTokens = kGatherTokens_;
   static_assert(!kGatherTokens || kEpilogue == EpilogueKind::kSwiGlu, "only GEMM1 reads x");
   static_assert(!kGatherTokens || !kFp8, "FP8 rows are quantised by the gather kernel, never read from x");
-  // NOTE: block scales are applied per 128 K, so a K block must not straddle two weight blocks
-  // and the tile's weight rows must fall in one 128-row block per SwiGLU half (weight tile ≤ 128).
-  static_assert(kQuant != QuantKind::kBlockScale || kWeightTile <= kScaleGroup, "one weight scale block per tile half");
-  // FP8 keeps a second fp32 accumulator for the per-K-block promotion: at 2 × 128 floats a thread
-  // (128×256 tiles) ptxas spilled both to local memory, measured on H200 (docs/PERF.md).
-  static_assert(!kFp8 || kTileN <= 128, "two FP8 accumulators must fit the registers");
   static_assert(kTileM == 64 || kTileM == 128, "one or two consumer warpgroups of 64 rows each");
+  // FP8 keeps a second fp32 accumulator for the per-K-block promotion: at 2 × 128 floats a thread
+  // (128×256 tiles) ptxas spilled both to local memory, measured on H200 (docs/PERF.md). The FP8
+  // 128×256 tiles therefore multiply each K block in two halves of 128 weight rows, one 64-float
+  // partial each, promoted one after the other (consume_promoted_halves): 128 + 64 floats a thread,
+  // and a quarter fewer operand bytes from L2 per FLOP than 128×128 tiles.
+  static constexpr bool kFp8Halves = kFp8 && !kSwapAB && kTileN == 256;
+  static_assert(!kFp8 || kTileN <= 128 || (kFp8Halves && kConsumers == 2),
+                "two FP8 accumulators must fit the registers: 256 weight rows only as two-consumer halves");
+  // NOTE: block scales are applied per 128 K, so a K block must not straddle two weight blocks,
+  // and each 128-row weight half of a tile must fall in one 128-row block per SwiGLU half (tiles are
+  // aligned; GEMM1's 256-row tiles hold the gate and up rows of 128 intermediate columns).
+  static_assert(kQuant != QuantKind::kBlockScale || kWeightTile <= kScaleGroup || kFp8Halves,
+                "one weight scale block per tile half");
   static_assert(kTileN % 8 == 0 && kTileN >= 8 && kTileN <= 256, "wgmma N is a multiple of 8 up to 256");
   static constexpr int kABytes = kTileM * kTileRowBytes;
   static constexpr int kBBytes = kTileN * kTileRowBytes;

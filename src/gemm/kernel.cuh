@@ -106,7 +106,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1) expert_gemm_kernel(const 
       if (threadIdx.x % 128 == 0) ptx::Barrier::wait(&smem.full[state.stage], state.phase);
       record(trace::Event::kFirstStage, item_index);
     }
-    if constexpr (Config::kFp8 && !Config::kSwapAB && Config::kConsumers == 2) {
+    if constexpr (Config::kFp8Halves) {
+      if constexpr (Config::kQuant == QuantKind::kBlockScale) {
+        consume_promoted_halves<Config>(smem, state, item.k_begin, item.k_end, accumulator,
+                                        BlockScales<Config>(item, args.scales));
+      } else {
+        consume_promoted_halves<Config>(smem, state, item.k_begin, item.k_end, accumulator, PlainPromotion<Config>{});
+      }
+    } else if constexpr (Config::kFp8 && !Config::kSwapAB && Config::kConsumers == 2) {
       if constexpr (Config::kQuant == QuantKind::kBlockScale) {
         consume_promoted_overlapped<Config>(smem, state, item.k_begin, item.k_end, accumulator,
                                             BlockScales<Config>(item, args.scales));

@@ -137,6 +137,21 @@ __device__ __forceinline__ void issue_stage(const SharedStorage<Config>& smem, i
   }
 }
 
+// Config::kFp8Halves: as issue_stage, for weight half `part` of the stage (B rows 128·part on, 16 KB
+// = 16 swizzle atoms in) into a 64-float partial: the 64×128 fragment.
+template <class Config>
+__device__ __forceinline__ void issue_half(const SharedStorage<Config>& smem, int stage, int part, float* partial) {
+  constexpr int kHalfRows = Config::kTileN / 2;
+  constexpr int kSteps = kTileRowBytes / 32;
+  const std::uint64_t a = ptx::sw128_kmajor_descriptor(smem.a_tile(stage) + (threadIdx.x / 128) * 64 * kTileRowBytes);
+  const std::uint64_t b = ptx::sw128_kmajor_descriptor(smem.b_tile(stage) + part * kHalfRows * kTileRowBytes);
+  #pragma unroll
+  for (int k_step = 0; k_step < kSteps; ++k_step) {
+    wgmma<kHalfRows, true>(a + 2 * k_step, b + 2 * k_step, partial, k_step > 0,
+                           std::make_index_sequence<kHalfRows / 2>{});
+  }
+}
+
 // Accumulates this warpgroup's 64 rows of one work item's [kTileM × kTileN] product over K blocks
 // [k_begin, k_end) (never empty) into `accumulator` (the wgmma fragment: element 4j + r sits at row 64·warpgroup + 16·warp + lane/4 +
 // 8·(r/2), column 8j + 2·(lane%4) + r%2).
@@ -269,6 +284,43 @@ __device__ void consume_promoted_overlapped(const SharedStorage<Config>& smem, P
     retire_promoted<0>(smem, promotion, accumulator, partial_odd, odd_stage, odd_scales);
   } else {
     retire_promoted<0>(smem, promotion, accumulator, partial_even, even_stage, even_scales);
+  }
+}
+
+// FP8, two-consumer normal tiles 256 weight rows wide (Config::kFp8Halves, prefill): each K block is
+// multiplied in two halves of 128 weight rows, each into the one 64-float partial and promoted into
+// its half of the 128-float accumulator before the next half is issued; the stage goes back after the
+// second half. NOTE: the warpgroup drains the tensor core at each promotion (no second partial fits
+// beside the accumulator), but the other consumer warpgroup's batch runs meanwhile; what the wider
+// tile buys is a quarter fewer operand bytes from L2 per FLOP than 128×128 (48 KB a stage for 8.4
+// MFLOP, against 32 KB for 4.2), L2 being the busiest unit of the 128×128 FP8 GEMMs (docs/PERF.md).
+template <class Config, class Promotion>
+__device__ void consume_promoted_halves(const SharedStorage<Config>& smem, PipelineState& state, int k_begin,
+                                        int k_end, float (&accumulator)[Config::kTileN / 2],
+                                        const Promotion& promotion) {
+  constexpr int kPartial = Config::kTileN / 4;
+  const bool warp_leader = (threadIdx.x % 32) == 0;
+  float partial[kPartial];
+  #pragma unroll
+  for (int i = 0; i < Config::kTileN / 2; ++i) accumulator[i] = 0.0f;
+  for (int k_block = k_begin; k_block < k_end; ++k_block) {
+    ptx::Barrier::wait(&smem.full[state.stage], state.phase);
+    #pragma unroll
+    for (int part = 0; part < 2; ++part) {
+      // The half's scales load while its batch runs.
+      const typename Promotion::Loaded scales = promotion.load(k_block, part);
+      #pragma unroll
+      for (int i = 0; i < kPartial; ++i) cute::warpgroup_fence_operand(partial[i]);
+      cute::warpgroup_arrive();
+      issue_half<Config>(smem, state.stage, part, partial);
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<0>();
+      #pragma unroll
+      for (int i = 0; i < kPartial; ++i) cute::warpgroup_fence_operand(partial[i]);
+      if (part == 1 && warp_leader) ptx::Barrier::arrive(&smem.empty[state.stage]);
+      promotion.apply_half(scales, partial, accumulator, part);
+    }
+    state.advance<Config::kStages>();
   }
 }
 

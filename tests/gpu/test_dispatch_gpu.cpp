@@ -183,14 +183,19 @@ TEST(DispatchGpu, EveryEligibleVariantPairMatchesTheReference) {
 // TMA, and keep direct stores for an expert's last, partial tile and for a weight tile that reaches
 // past H. ~10, ~65, ~350 and ~500 rows per expert (4 experts, top-2) give launches of partial tiles
 // only, and of whole and partial tiles together; H = 1344 (per-tensor scales and bf16: block scales
-// need H % 128 == 0) adds the partial weight tile. The workspace is poisoned: a row GEMM2 does not
-// write shows as a non-finite output.
+// need H % 128 == 0) adds the partial weight tile, and H = 1152 a 256-row FP8 tile whose second
+// 128-row half lies past H (its block scales clamp to H's last block). The workspace is poisoned: a
+// row GEMM2 does not write shows as a non-finite output.
 TEST(DispatchGpu, StagedTmaStoreTilesMatchTheReference) {
   HMOE_REQUIRE_HOPPER_GPU();
   const std::vector<std::tuple<QuantScheme, int, const char*>> cases = {
       {QuantScheme::kBlock128, 1024, "swiglu_normal_t128_w128_fp8block+weighted_normal_t128_w128_fp8block"},
       {QuantScheme::kBlock128, 1024, "swiglu_normal_t64_w128_fp8block+weighted_normal_t64_w128_fp8block_s3"},
       {QuantScheme::kBlock128, 1024, "swiglu_normal_t64_w64_fp8block+weighted_normal_t64_w64_fp8block"},
+      {QuantScheme::kBlock128, 1024, "swiglu_normal_t128_w256_fp8block+weighted_normal_t128_w256_fp8block_s3"},
+      {QuantScheme::kBlock128, 1152, "swiglu_normal_t128_w256_fp8block+weighted_normal_t128_w256_fp8block_s3"},
+      {QuantScheme::kPerTensor, 1344, "swiglu_normal_t128_w256_fp8+weighted_normal_t128_w256_fp8_s3"},
+      {QuantScheme::kPerChannelPerToken, 1024, "swiglu_normal_t128_w256_fp8+weighted_normal_t128_w256_fp8_s3"},
       {QuantScheme::kPerTensor, 1024, "swiglu_normal_t128_w128_fp8+weighted_normal_t128_w128_fp8"},
       {QuantScheme::kPerTensor, 1344, "swiglu_normal_t128_w128_fp8+weighted_normal_t128_w128_fp8"},
       {QuantScheme::kPerChannelPerToken, 1344, "swiglu_normal_t64_w128_fp8+weighted_normal_t64_w128_fp8_s3"},
