@@ -120,35 +120,20 @@ __device__ __forceinline__ void wgmma(std::uint64_t a, std::uint64_t b, float* a
 }
 
 // Issues one stage's wgmma batch (one 128-byte K row: 4 × k16 bf16 or 4 × k32 e4m3) for this
-// warpgroup's 64 rows of A. NOTE: either way a k step is 32 bytes = 2 units of the descriptor's
-// 16-byte address field.
-template <class Config>
+// warpgroup's 64 rows of A and kRows weight rows of B from `first_row` on (the whole tile, or one
+// 128-row half of a Config::kFp8Halves tile into a 64-float partial). NOTE: either way a k step is
+// 32 bytes = 2 units of the descriptor's 16-byte address field.
+template <class Config, int kRows = Config::kTileN>
 __device__ __forceinline__ void issue_stage(const SharedStorage<Config>& smem, int stage, float* accumulator,
-                                            bool accumulate) {
-  constexpr int kFragment = Config::kTileN / 2;
+                                            bool accumulate, int first_row = 0) {
   constexpr int kSteps = kTileRowBytes / 32;
   // Each consumer warpgroup multiplies its own 64 rows of A (64 rows × 128 B = 8 KB apart).
   const std::uint64_t a = ptx::sw128_kmajor_descriptor(smem.a_tile(stage) + (threadIdx.x / 128) * 64 * kTileRowBytes);
-  const std::uint64_t b = ptx::sw128_kmajor_descriptor(smem.b_tile(stage));
+  const std::uint64_t b = ptx::sw128_kmajor_descriptor(smem.b_tile(stage) + first_row * kTileRowBytes);
   #pragma unroll
   for (int k_step = 0; k_step < kSteps; ++k_step) {
-    wgmma<Config::kTileN, Config::kFp8>(a + 2 * k_step, b + 2 * k_step, accumulator, accumulate || k_step > 0,
-                                        std::make_index_sequence<kFragment>{});
-  }
-}
-
-// Config::kFp8Halves: as issue_stage, for weight half `part` of the stage (B rows 128·part on, 16 KB
-// = 16 swizzle atoms in) into a 64-float partial: the 64×128 fragment.
-template <class Config>
-__device__ __forceinline__ void issue_half(const SharedStorage<Config>& smem, int stage, int part, float* partial) {
-  constexpr int kHalfRows = Config::kTileN / 2;
-  constexpr int kSteps = kTileRowBytes / 32;
-  const std::uint64_t a = ptx::sw128_kmajor_descriptor(smem.a_tile(stage) + (threadIdx.x / 128) * 64 * kTileRowBytes);
-  const std::uint64_t b = ptx::sw128_kmajor_descriptor(smem.b_tile(stage) + part * kHalfRows * kTileRowBytes);
-  #pragma unroll
-  for (int k_step = 0; k_step < kSteps; ++k_step) {
-    wgmma<kHalfRows, true>(a + 2 * k_step, b + 2 * k_step, partial, k_step > 0,
-                           std::make_index_sequence<kHalfRows / 2>{});
+    wgmma<kRows, Config::kFp8>(a + 2 * k_step, b + 2 * k_step, accumulator, accumulate || k_step > 0,
+                               std::make_index_sequence<kRows / 2>{});
   }
 }
 
@@ -312,7 +297,7 @@ __device__ void consume_promoted_halves(const SharedStorage<Config>& smem, Pipel
       #pragma unroll
       for (int i = 0; i < kPartial; ++i) cute::warpgroup_fence_operand(partial[i]);
       cute::warpgroup_arrive();
-      issue_half<Config>(smem, state.stage, part, partial);
+      issue_stage<Config, Config::kTileN / 2>(smem, state.stage, partial, false, part * (Config::kTileN / 2));
       cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();
       #pragma unroll
