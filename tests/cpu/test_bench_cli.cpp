@@ -2,7 +2,8 @@
 // --explain works for --spec and shows batch-invariant mode; the JSON/CSV renderings the scripts in
 // bench/ read parse and carry every field; the model layer table covers every preset; the committed
 // benchmark page is what bench/report.py makes of the committed results; scripts/ab-bench.py
-// alternates its rounds and reads the rows back.
+// alternates its rounds and reads the rows back; scripts/rule-vs-points.py looks the analytic rule's
+// pairs up in a tuner's points.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -380,6 +381,32 @@ TEST_F(AbBench, OneBuildNeedsTwoVariantsAndLayersAreChecked) {
   ASSERT_EQ(env.exit_code, 0) << env.output;
   EXPECT_TRUE(contains(env.output, "round 1 B: HMOE_GEMM2_STORE=copy ")) << env.output;
   EXPECT_EQ(ab(a + "--b-env NOEQUALS qwen3-30b-a3b:bf16:4096").exit_code, 2);
+}
+
+// scripts/rule-vs-points.py: the analytic rule's pair at each T (asked of the real `hmoe bench
+// --explain`, no GPU) over the best timed pair of a points file; a pair the file lacks is "pruned".
+TEST(RuleVsPoints, DividesTheRulesPairByTheBestTimedPair) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("rule-vs-points-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string rule_4096 = "swiglu_normal_t128_w256_fp8block+weighted_normal_t128_w256_fp8block_s3";
+  const std::string other = "swiglu_normal_t128_w128_fp8block+weighted_normal_t128_w128_fp8block";
+  {
+    std::ofstream points(dir / "points.json");
+    points << "{\"points\": [{\"T\": 4096, \"variant\": \"" << rule_4096 << "\", \"us\": 110.0},\n"
+           << "{\"T\": 4096, \"variant\": \"" << other << "\", \"us\": 100.0},\n"
+           << "{\"T\": 4096, \"variant\": \"fused\", \"us\": 1.0},\n"
+           << "{\"T\": 8192, \"variant\": \"" << other << "\", \"us\": 200.0}]}\n";
+  }
+  const hmoe::test::CommandResult result = hmoe::test::run_command(
+      "python3 '" + (fs::path(HMOE_SOURCE_DIR) / "scripts" / "rule-vs-points.py").string() + "' --hmoe '" +
+      HMOE_CLI_PATH + "' qwen3-30b-a3b:fp8-block=" + (dir / "points.json").string());
+  fs::remove_all(dir);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  // T = 4096 (256 tokens per expert): the rule's 128×256 pair, 110 µs against the best 100 µs.
+  EXPECT_TRUE(contains(result.output, "  4096      110.0      100.0      1.100  " + rule_4096 + " / " + other))
+      << result.output;
+  EXPECT_TRUE(contains(result.output, "  8192     pruned      200.0")) << result.output;
+  EXPECT_TRUE(contains(result.output, "geomean rule/best over 1 timed buckets: 1.100")) << result.output;
 }
 
 }  // namespace
