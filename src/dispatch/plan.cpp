@@ -59,14 +59,11 @@ Plan choose_plan(const MoeSpec& spec, int num_tokens, Orientation orientation, c
   int weight_tile = 64;
   if (plan.swap_ab && plan.token_tile >= 16 && plan.token_tile <= 64) weight_tile = 128;
   if (fp8 && plan.swap_ab && plan.token_tile >= 16) weight_tile = 128;
-  // 128-token normal tiles take 256 weight rows: each token row read from L2 feeds twice the MACs.
-  // FP8 128×256 tiles run as two 128-row weight halves (two accumulators would not fit the registers)
-  // and gain once an expert holds a few token tiles: the seven H100 FP8 tables run them from about 256
-  // tokens per expert on, timed 3.5–17 % faster there than 128×128, and mostly 128×128 or a mix below
-  // (docs/DISPATCH.md, "Who decides, in order"; docs/PERF.md, "Twentieth session").
-  constexpr double kFp8WideTileTokens = 256.0;
-  const bool wide_tiles = plan.token_tile == 128 && (!fp8 || tokens_per_expert >= kFp8WideTileTokens);
-  if (!plan.swap_ab) weight_tile = wide_tiles ? 256 : 128;
+  // 128-token normal tiles take 256 weight rows, bf16 and FP8 alike: each token row read from L2 feeds
+  // twice the MACs. (FP8 128×256 tiles run as two 128-row weight halves: two accumulators would not fit
+  // the registers.) FP8, H100, forced pairs 128×128 → 128×256: 0.93–0.98 from 256 tokens per expert on,
+  // 0.94–1.03 at 64–128 (geomean 0.99; docs/PERF.md, "Twentieth session").
+  if (!plan.swap_ab) weight_tile = plan.token_tile == 128 ? 256 : 128;
   // GEMM1 reads x rows in place (no gather launch) while the layer has few (token, slot) pairs;
   // FP8 rows are quantised by the gather kernel, so FP8 always gathers.
   const bool gather_in_gemm = !fp8 && plan.swap_ab && plan.token_tile == 8 &&

@@ -222,41 +222,41 @@ TEST(Registry, AnalyticRuleSwitchesOrientationAt16TokensPerExpert) {
 }
 
 // Token tiles hold twice the tokens per expert, bf16 and FP8 alike (what hmoe tune picked on every
-// preset, H200); bf16 normal tiles take 256 weight rows at 128 tokens, FP8 ones 128 (up to T = 2048 here).
+// preset, H200); normal tiles take 256 weight rows at 128 tokens, bf16 and FP8 alike.
 TEST(Registry, AnalyticRuleSizesTokenTilesForTwiceTheTokensPerExpert) {
   const MoeSpec bf16_spec = preset_in("qwen3-30b-a3b", QuantScheme::kNone);   // tokens per expert = T / 16
   const MoeSpec fp8_spec = preset_in("qwen3-30b-a3b", QuantScheme::kBlock128);
-  struct Row { int tokens; bool swap; int tile; int bf16_weight_tile; };
+  struct Row { int tokens; bool swap; int tile; int weight_tile; };
   for (const Row row : {Row{1, true, 8, 64}, Row{64, true, 8, 64}, Row{100, true, 16, 128}, Row{128, true, 16, 128},
                         Row{256, true, 32, 128}, Row{512, false, 64, 128}, Row{1024, false, 128, 256},
                         Row{2048, false, 128, 256}}) {
     const Plan bf16 = choose_plan(bf16_spec, row.tokens, Orientation::kAuto);
     EXPECT_EQ(bf16.swap_ab, row.swap) << "bf16 T=" << row.tokens;
     EXPECT_EQ(bf16.token_tile, row.tile) << "bf16 T=" << row.tokens;
-    EXPECT_EQ(bf16.gemm1->weight_tile, row.bf16_weight_tile) << "bf16 T=" << row.tokens;
+    EXPECT_EQ(bf16.gemm1->weight_tile, row.weight_tile) << "bf16 T=" << row.tokens;
     const Plan fp8 = choose_plan(fp8_spec, row.tokens, Orientation::kAuto);
     EXPECT_EQ(fp8.swap_ab, row.swap) << "fp8 T=" << row.tokens;
     EXPECT_EQ(fp8.token_tile, row.tile) << "fp8 T=" << row.tokens;
-    EXPECT_LE(fp8.gemm1->weight_tile, 128) << "fp8 T=" << row.tokens;
+    EXPECT_EQ(fp8.gemm1->weight_tile, row.weight_tile) << "fp8 T=" << row.tokens;
   }
 }
 
-// FP8 normal tiles take 256 weight rows (two 128-row halves) from 256 tokens per expert on, both
-// GEMMs, every scheme; 128 rows below, where the H100 tables kept 128×128 or a mix (docs/DISPATCH.md).
-TEST(Registry, AnalyticRuleTakesWideFp8TilesFrom256TokensPerExpert) {
+// FP8 128-token normal tiles take 256 weight rows (two 128-row halves), both GEMMs, every scheme — as
+// bf16 ones do; 64-token tiles 128 rows (docs/DISPATCH.md, "Who decides, in order").
+TEST(Registry, AnalyticRuleTakesWideFp8TilesWithTheirTokenTiles) {
   for (QuantScheme scheme : {QuantScheme::kPerTensor, QuantScheme::kPerChannelPerToken, QuantScheme::kBlock128}) {
     for (const char* name : {"qwen3-30b-a3b", "deepseek-v3-tp8", "mixtral-8x7b"}) {
       const MoeSpec spec = preset_in(name, scheme);
-      for (int tokens : {512, 1024, 2048, 4096, 8192, 16384}) {
+      for (int tokens : {256, 512, 1024, 2048, 4096, 8192, 16384}) {
         const double per_expert = static_cast<double>(tokens) * spec.top_k / spec.num_experts;
         const Plan plan = choose_plan(spec, tokens, Orientation::kAuto);
         const std::string where = std::string(name) + " " + to_string(scheme) + " T=" + std::to_string(tokens);
-        if (plan.swap_ab || plan.token_tile != 128) {
-          EXPECT_LT(per_expert, 64.0) << where;   // 128-token tiles from 64 tokens per expert
+        if (plan.swap_ab) {
           EXPECT_LE(plan.gemm1->weight_tile, 128) << where;
           continue;
         }
-        const int expected = per_expert >= 256.0 ? 256 : 128;
+        EXPECT_EQ(plan.token_tile, per_expert >= 64.0 ? 128 : 64) << where;
+        const int expected = plan.token_tile == 128 ? 256 : 128;
         EXPECT_EQ(plan.gemm1->weight_tile, expected) << where;
         EXPECT_EQ(plan.gemm2->weight_tile, expected) << where;
         EXPECT_EQ(plan.gemm1->quant, gemm::quant_kind(spec)) << where;
