@@ -70,8 +70,12 @@ Plan choose_plan(const MoeSpec& spec, int num_tokens, Orientation orientation, c
                               static_cast<long long>(num_tokens) * spec.top_k <= kMaxInGemmGatherRows;
   plan.gemm1 = gemm::find_gemm_variant(gemm::EpilogueKind::kSwiGlu, quant, plan.swap_ab, plan.token_tile, weight_tile,
                                        gather_in_gemm);
-  plan.gemm2 =
-      gemm::find_gemm_variant(gemm::EpilogueKind::kRoutingWeight, quant, plan.swap_ab, plan.token_tile, weight_tile);
+  // GEMM2's 128×256 tiles run 3 stages (the only depth FP8 has): the 4-stage bf16 tile has no room for its
+  // 64 KB output tile beside the stages and writes straight from the fragment, the 3-stage one stages it
+  // and stores it by TMA — −4 to −14 % on H200 at 4096–16384 (docs/DISPATCH.md, GemmConfig::kTmaStore).
+  const int gemm2_stages = !plan.swap_ab && weight_tile == 256 ? 3 : 0;
+  plan.gemm2 = gemm::find_gemm_variant(gemm::EpilogueKind::kRoutingWeight, quant, plan.swap_ab, plan.token_tile,
+                                       weight_tile, false, gemm2_stages);
   if (plan.gemm1 == nullptr || plan.gemm2 == nullptr)
     throw Error("hmoe: no compiled GEMM variant for orientation " + std::string(plan.swap_ab ? "swap" : "normal") +
                 " with token tile " + std::to_string(plan.token_tile));

@@ -26,10 +26,11 @@ std::span<const GemmVariant> gemm_variants() {
 }
 
 const GemmVariant* find_gemm_variant(EpilogueKind epilogue, QuantKind quant, bool swap_ab, int token_tile,
-                                     int weight_tile, bool gather_tokens) {
+                                     int weight_tile, bool gather_tokens, int stages) {
   for (const GemmVariant& variant : gemm_variants()) {
     if (variant.epilogue == epilogue && variant.quant == quant && variant.swap_ab == swap_ab &&
-        variant.token_tile == token_tile && variant.weight_tile == weight_tile && variant.gather_tokens == gather_tokens)
+        variant.token_tile == token_tile && variant.weight_tile == weight_tile && variant.gather_tokens == gather_tokens &&
+        (stages == 0 || variant.stages == stages))
       return &variant;
   }
   return nullptr;

@@ -27,9 +27,9 @@ struct GemmVariant {
 
 std::span<const GemmVariant> gemm_variants();
 
-// The variant with exactly these properties, or nullptr.
+// The variant with exactly these properties (`stages` 0: the first listed of any depth), or nullptr.
 const GemmVariant* find_gemm_variant(EpilogueKind epilogue, QuantKind quant, bool swap_ab, int token_tile,
-                                     int weight_tile, bool gather_tokens = false);
+                                     int weight_tile, bool gather_tokens = false, int stages = 0);
 
 // How a layer of spec is quantised, as the GEMM variants see it.
 QuantKind quant_kind(const MoeSpec& spec);

@@ -265,6 +265,28 @@ TEST(Registry, AnalyticRuleTakesWideFp8TilesWithTheirTokenTiles) {
   }
 }
 
+// GEMM2's 128×256 normal tiles run 3 stages in bf16 too: the only depth whose 64 KB output tile fits
+// beside the stages (TMA store); the 4-stage bf16 tile, which writes from the fragment, stays for the tuner.
+TEST(Registry, AnalyticRuleRunsWideGemm2TilesAtThreeStages) {
+  for (QuantScheme scheme : {QuantScheme::kNone, QuantScheme::kPerTensor, QuantScheme::kBlock128}) {
+    for (const char* name : {"qwen3-30b-a3b", "deepseek-v3-tp8", "mixtral-8x7b"}) {
+      const MoeSpec spec = preset_in(name, scheme);
+      for (int tokens : {256, 1024, 4096, 16384}) {
+        const Plan plan = choose_plan(spec, tokens, Orientation::kAuto);
+        const std::string where = std::string(name) + " " + to_string(scheme) + " T=" + std::to_string(tokens);
+        if (plan.swap_ab || plan.gemm2->weight_tile != 256) continue;
+        EXPECT_EQ(plan.gemm2->stages, 3) << where;
+      }
+    }
+  }
+  const Plan bf16 = choose_plan(preset_in("qwen3-30b-a3b", QuantScheme::kNone), 16384, Orientation::kAuto);
+  EXPECT_STREQ(bf16.gemm2->name, "weighted_normal_t128_w256_s3");
+  EXPECT_STREQ(bf16.gemm1->name, "swiglu_normal_t128_w256");
+  EXPECT_NE(gemm::find_gemm_variant(gemm::EpilogueKind::kRoutingWeight, gemm::QuantKind::kNone, false, 128, 256, false, 4),
+            nullptr)
+      << "the 4-stage bf16 tile stays compiled for the tuner";
+}
+
 // Every FP8 layer plans only variants of its own scheme, at every T, in every orientation.
 TEST(Registry, Fp8SchemesPlanTheirOwnVariants) {
   for (const std::string name : {"qwen3-30b-a3b", "deepseek-v3-tp8", "mixtral-8x7b"}) {
