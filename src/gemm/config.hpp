@@ -80,21 +80,24 @@ struct GemmConfig {
   static constexpr int kBBytes = kTileN * kTileRowBytes;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "swizzle atoms are 1024 bytes");
-  // GEMM2's normal tiles write their bf16 output through shared memory and TMA, whole 128-byte
-  // lines, where the staged tile fits beside the stages without lowering the CTAs an SM the variant
-  // is built for (two for one consumer, one for two): the FP8 128×128 tiles, the 3-stage 64×128 and
-  // 128×256 ones, the FP8 64×64 block tiles.
+  // Normal tiles write their bf16 output (GEMM1's SwiGLU half as many columns as weight rows, GEMM2's
+  // one a weight row) through shared memory and TMA, whole 128-byte lines, where the output is whole
+  // 64-column boxes and the staged tile fits beside the stages without lowering the CTAs an SM the
+  // variant is built for (two for one consumer, one for two): GEMM2's FP8 128×128 tiles, its 3-stage
+  // 64×128 and 128×256 ones, its FP8 64×64 block tiles; GEMM1's 64×128, 128×128 and 128×256 tiles.
   // NOTE: written straight from the fragment, each warp store put 16 bytes into each of 8 rows: the
   // 470 MB of deepseek-v3-tp8's GEMM2 output at T = 4096 reached L2 as ~29 M half-sector writes, and
-  // the load/store queue throttled the consumers (ncu: docs/PERF.md, fourteenth session).
-  static constexpr int kStoreBytes = kTileM * kTileN * 2;
+  // the load/store queue throttled the consumers (ncu: docs/PERF.md, fourteenth session); GEMM1's
+  // 128×256 items spent ~9 k of their ~40 k cycles in such an epilogue (trace, twenty-first session).
+  static constexpr int kOutputColumns = kEpilogue == EpilogueKind::kSwiGlu ? kTileN / 2 : kTileN;   // normal tiles
+  static constexpr int kStoreBytes = kTileM * kOutputColumns * 2;
   static constexpr int kMaxSmemBytes = 232448;      // sm_90: shared memory a block may opt in to
   static constexpr int kSmemPerSm = 233472;         // sm_90: shared memory of one SM
   static constexpr int kCtaOverheadBytes = 2048;    // the driver's reserved 1 KB a CTA + the kernel's static 1 KB
   static constexpr int kDesignedCtasPerSm = kTileM == 128 ? 1 : 2;
   // The dynamic shared memory with the staged tile (kSmemBytes below when kTmaStore).
   static constexpr int kStagedSmemBytes = kStages * kStageBytes + kStoreBytes + 1024 + 2 * kStages * 8;
-  static constexpr bool kTmaStore = kEpilogue == EpilogueKind::kRoutingWeight && !kSwapAB && kTileN % 64 == 0 &&
+  static constexpr bool kTmaStore = !kSwapAB && kOutputColumns % 64 == 0 &&
                                     kStagedSmemBytes + kCtaOverheadBytes / 2 <= kMaxSmemBytes &&
                                     kDesignedCtasPerSm * (kStagedSmemBytes + kCtaOverheadBytes) <= kSmemPerSm;
   // Dynamic shared memory: the stages, the staged output tile (kTmaStore), then the barriers.

@@ -26,7 +26,53 @@ struct StoreTarget {
   std::uint8_t* tile;
 };
 
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
+// NOTE: the approximate division (MUFU.RCP and a multiply, ≤ 2 ulp of fp32 before the bf16 rounding):
+// with `/` every one of a 128×256 tile's 64 SwiGLUs a thread compiled to an IEEE division with its own
+// slow-path branch and reconvergence region, which kept them from overlapping — ~8 k of a ~40 k-cycle
+// GEMM1 item (trace, docs/PERF.md twenty-first session). x → −∞ gives x · rcp(∞) = −0, the limit.
+__device__ __forceinline__ float silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
+
+// Config::kTmaStore, a whole tile: this consumer warpgroup writes its 64 rows of bf16 output into its
+// part of the staged tile, in boxes of 64 columns (128 bytes a row) laid out with the 128-byte swizzle
+// the output map expects, then one thread stores the boxes with TMA at (column0, the warpgroup's first
+// row). `value(half, chunk, factor)` is the thread's two adjacent output values of fragment row half
+// `half` (rows lane/4 and lane/4 + 8 of its warp's 16) in 16-byte chunk `chunk` (8 output columns, the
+// thread's pair at 2·(lane%4)); `row_factor(row)` is read once per fragment row half, from the tile's row.
+// NOTE: the swizzle (16-byte chunk c of row r at chunk c ^ r % 8) also keeps the fragment's writes free
+// of bank conflicts: a warp's 8 rows land in 8 different chunks.
+template <class Config, class RowFactor, class Value>
+__device__ __forceinline__ void store_staged_tile(const StoreTarget& target, const WorkItem& item, int column0,
+                                                  const RowFactor& row_factor, const Value& value) {
+  constexpr int kBoxColumns = 64, kBoxBytes = 64 * kBoxColumns * 2;
+  constexpr int kChunks = Config::kOutputColumns / 8;
+  const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
+  const bool leader = threadIdx.x % 128 == 0;
+  const int barrier = 2 + warpgroup;   // named barriers 2, 3: one per consumer warpgroup (split_k.cuh takes 1)
+  std::uint8_t* tile = target.tile + warpgroup * (Config::kOutputColumns / kBoxColumns) * kBoxBytes;
+  // The warpgroup's previous TMA store must have read the tile before it is overwritten.
+  if (leader) ptx::tma_store_wait_read();
+  ptx::named_barrier_sync(barrier, 128);
+  #pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = 16 * (threadIdx.x / 32 % 4) + lane / 4 + 8 * half;   // within the warpgroup's 64 rows
+    const float factor = row_factor(64 * warpgroup + row);
+    #pragma unroll
+    for (int chunk = 0; chunk < kChunks; ++chunk) {
+      const int box = chunk / 8;
+      *reinterpret_cast<__nv_bfloat162*>(tile + box * kBoxBytes + row * 128 + (((chunk % 8) ^ (row % 8)) * 16) +
+                                         4 * (lane % 4)) = value(half, chunk, factor);
+    }
+  }
+  ptx::fence_async_shared();
+  ptx::named_barrier_sync(barrier, 128);
+  if (leader) {
+    #pragma unroll
+    for (int box = 0; box < Config::kOutputColumns / kBoxColumns; ++box)
+      ptx::tma_store_2d(target.map, tile + box * kBoxBytes, column0 + box * kBoxColumns,
+                        item.tokens.row_begin + 64 * warpgroup);
+    ptx::tma_store_commit();
+  }
+}
 
 template <class Config, EpilogueKind = Config::kEpilogue>
 struct Epilogue;
@@ -37,10 +83,25 @@ struct Epilogue<Config, EpilogueKind::kSwiGlu> {
   static constexpr int kWeightTile = Config::kWeightTile;
 
   static __device__ void apply(const float (&acc)[Config::kTileN / 2], const WorkItem& item,
-                               const EpilogueArgs& args, const StoreTarget&) {
+                               const EpilogueArgs& args, const StoreTarget& target) {
     auto* out = static_cast<__nv_bfloat16*>(args.out);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;   // warp counts across consumer warpgroups
     const int weight_row0 = item.weight_tile * kWeightTile;
+    if constexpr (Config::kTmaStore) {
+      // As GEMM2's (below): only whole tiles, whose rows and output columns are all this item's.
+      if (args.tma_store && item.tokens.row_end - item.tokens.row_begin == Config::kTokenTile &&
+          weight_row0 + kWeightTile <= args.weight_rows) {
+        // Output chunk c (8 columns) is the SwiGLU of fragment column groups 2c (gate) and 2c + 1 (up).
+        store_staged_tile<Config>(
+            target, item, weight_row0 / 2, [](int) { return 1.0f; },
+            [&](int half, int chunk, float) {
+              const float* gate = &acc[4 * (2 * chunk) + 2 * half];
+              const float* up = &acc[4 * (2 * chunk + 1) + 2 * half];
+              return __floats2bfloat162_rn(silu(gate[0]) * up[0], silu(gate[1]) * up[1]);
+            });
+        return;
+      }
+    }
     if constexpr (!kSwapAB) {
       // Columns 8j (gate) and 8j+8 (up) of the fragment are one SwiGLU pair.
       #pragma unroll
@@ -89,7 +150,11 @@ struct Epilogue<Config, EpilogueKind::kRoutingWeight> {
       // Rows past the expert's belong to the next expert's tile, so only whole tiles go through TMA.
       if (args.tma_store && item.tokens.row_end - item.tokens.row_begin == Config::kTokenTile &&
           weight_row0 + kWeightTile <= args.weight_rows) {
-        store_staged(acc, item, args, target);
+        store_staged_tile<Config>(
+            target, item, weight_row0, [&](int tile_row) { return args.row_weights[item.tokens.row_begin + tile_row]; },
+            [&](int half, int chunk, float scale) {
+              return __floats2bfloat162_rn(acc[4 * chunk + 2 * half] * scale, acc[4 * chunk + 2 * half + 1] * scale);
+            });
         return;
       }
     }
@@ -125,45 +190,6 @@ struct Epilogue<Config, EpilogueKind::kRoutingWeight> {
           }
         }
       }
-    }
-  }
-
-  // Config::kTmaStore, a whole tile: each consumer warpgroup writes its 64 rows × routing weight as bf16
-  // into its half of the staged tile, in boxes of 64 columns (128 bytes a row) laid out with the
-  // 128-byte swizzle the output map expects, then one thread stores the boxes with TMA. NOTE: the
-  // swizzle (16-byte chunk c of row r at chunk c ^ r % 8) also keeps the fragment's writes free of
-  // bank conflicts: a warp's 8 rows land in 8 different chunks.
-  static __device__ void store_staged(const float (&acc)[Config::kTileN / 2], const WorkItem& item,
-                                      const EpilogueArgs& args, const StoreTarget& target) {
-    constexpr int kBoxColumns = 64, kBoxBytes = 64 * kBoxColumns * 2;
-    const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
-    const bool leader = threadIdx.x % 128 == 0;
-    const int barrier = 2 + warpgroup;   // named barriers 2, 3: one per consumer warpgroup (split_k.cuh takes 1)
-    std::uint8_t* tile = target.tile + warpgroup * (Config::kTileN / kBoxColumns) * kBoxBytes;
-    // The warpgroup's previous TMA store must have read the tile before it is overwritten.
-    if (leader) ptx::tma_store_wait_read();
-    ptx::named_barrier_sync(barrier, 128);
-    #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = 16 * (threadIdx.x / 32 % 4) + lane / 4 + 8 * half;   // within the warpgroup's 64 rows
-      const float scale = args.row_weights[item.tokens.row_begin + 64 * warpgroup + row];
-      #pragma unroll
-      for (int j = 0; j < Config::kTileN / 8; ++j) {
-        const int chunk = j % 8, box = j / 8;
-        const __nv_bfloat162 value =
-            __floats2bfloat162_rn(acc[4 * j + 2 * half] * scale, acc[4 * j + 2 * half + 1] * scale);
-        *reinterpret_cast<__nv_bfloat162*>(tile + box * kBoxBytes + row * 128 + ((chunk ^ (row % 8)) * 16) +
-                                           4 * (lane % 4)) = value;
-      }
-    }
-    ptx::fence_async_shared();
-    ptx::named_barrier_sync(barrier, 128);
-    if (leader) {
-      #pragma unroll
-      for (int box = 0; box < Config::kTileN / kBoxColumns; ++box)
-        ptx::tma_store_2d(target.map, tile + box * kBoxBytes, item.weight_tile * kWeightTile + box * kBoxColumns,
-                          item.tokens.row_begin + 64 * warpgroup);
-      ptx::tma_store_commit();
     }
   }
 };

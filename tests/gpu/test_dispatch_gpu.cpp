@@ -179,34 +179,37 @@ TEST(DispatchGpu, EveryEligibleVariantPairMatchesTheReference) {
   }
 }
 
-// GEMM2's normal tiles with GemmConfig::kTmaStore stage a whole tile in shared memory and store it by
-// TMA, and keep direct stores for an expert's last, partial tile and for a weight tile that reaches
-// past H. ~10, ~65, ~350 and ~500 rows per expert (4 experts, top-2) give launches of partial tiles
-// only, and of whole and partial tiles together; H = 1344 (per-tensor scales and bf16: block scales
-// need H % 128 == 0) adds the partial weight tile, and H = 1152 a 256-row FP8 tile whose second
-// 128-row half lies past H (its block scales clamp to H's last block). The workspace is poisoned: a
-// row GEMM2 does not write shows as a non-finite output.
+// Normal tiles with GemmConfig::kTmaStore (GEMM1's SwiGLU output and GEMM2's) stage a whole tile in
+// shared memory and store it by TMA, and keep direct stores for an expert's last, partial tile and for
+// a weight tile that reaches past N. ~10, ~65, ~350 and ~500 rows per expert (4 experts, top-2) give
+// launches of partial tiles only, and of whole and partial tiles together; H = 1344 (per-tensor scales
+// and bf16: block scales need H % 128 == 0) adds GEMM2's partial weight tile, I = 320 GEMM1's (2I = 640
+// rows: the third 256-row tile reaches past 2I, so its staged output would reach past I; I is a multiple
+// of 64, so 128-row GEMM1 tiles never do), and
+// H = 1152 a 256-row FP8 tile whose second 128-row half lies past H (its block scales clamp to H's last
+// block). The workspace is poisoned: a row either GEMM does not write shows as a non-finite output.
 TEST(DispatchGpu, StagedTmaStoreTilesMatchTheReference) {
   HMOE_REQUIRE_HOPPER_GPU();
-  const std::vector<std::tuple<QuantScheme, int, const char*>> cases = {
-      {QuantScheme::kBlock128, 1024, "swiglu_normal_t128_w128_fp8block+weighted_normal_t128_w128_fp8block"},
-      {QuantScheme::kBlock128, 1024, "swiglu_normal_t64_w128_fp8block+weighted_normal_t64_w128_fp8block_s3"},
-      {QuantScheme::kBlock128, 1024, "swiglu_normal_t64_w64_fp8block+weighted_normal_t64_w64_fp8block"},
-      {QuantScheme::kBlock128, 1024, "swiglu_normal_t128_w256_fp8block+weighted_normal_t128_w256_fp8block_s3"},
-      {QuantScheme::kBlock128, 1152, "swiglu_normal_t128_w256_fp8block+weighted_normal_t128_w256_fp8block_s3"},
-      {QuantScheme::kPerTensor, 1344, "swiglu_normal_t128_w256_fp8+weighted_normal_t128_w256_fp8_s3"},
-      {QuantScheme::kPerChannelPerToken, 1024, "swiglu_normal_t128_w256_fp8+weighted_normal_t128_w256_fp8_s3"},
-      {QuantScheme::kPerTensor, 1024, "swiglu_normal_t128_w128_fp8+weighted_normal_t128_w128_fp8"},
-      {QuantScheme::kPerTensor, 1344, "swiglu_normal_t128_w128_fp8+weighted_normal_t128_w128_fp8"},
-      {QuantScheme::kPerChannelPerToken, 1344, "swiglu_normal_t64_w128_fp8+weighted_normal_t64_w128_fp8_s3"},
-      {QuantScheme::kNone, 1344, "swiglu_normal_t128_w256+weighted_normal_t128_w256_s3"},
-      {QuantScheme::kNone, 1344, "swiglu_normal_t64_w128+weighted_normal_t64_w128_s3"},
+  const std::vector<std::tuple<QuantScheme, int, int, const char*>> cases = {
+      {QuantScheme::kBlock128, 1024, 256, "swiglu_normal_t128_w128_fp8block+weighted_normal_t128_w128_fp8block"},
+      {QuantScheme::kBlock128, 1024, 256, "swiglu_normal_t64_w128_fp8block+weighted_normal_t64_w128_fp8block_s3"},
+      {QuantScheme::kBlock128, 1024, 256, "swiglu_normal_t64_w64_fp8block+weighted_normal_t64_w64_fp8block"},
+      {QuantScheme::kBlock128, 1024, 256, "swiglu_normal_t128_w256_fp8block+weighted_normal_t128_w256_fp8block_s3"},
+      {QuantScheme::kBlock128, 1152, 384, "swiglu_normal_t128_w256_fp8block+weighted_normal_t128_w256_fp8block_s3"},
+      {QuantScheme::kPerTensor, 1344, 320, "swiglu_normal_t128_w256_fp8+weighted_normal_t128_w256_fp8_s3"},
+      {QuantScheme::kPerChannelPerToken, 1024, 320, "swiglu_normal_t128_w256_fp8+weighted_normal_t128_w256_fp8_s3"},
+      {QuantScheme::kPerTensor, 1024, 256, "swiglu_normal_t128_w128_fp8+weighted_normal_t128_w128_fp8"},
+      {QuantScheme::kPerTensor, 1344, 320, "swiglu_normal_t128_w128_fp8+weighted_normal_t128_w128_fp8"},
+      {QuantScheme::kPerChannelPerToken, 1344, 320, "swiglu_normal_t64_w128_fp8+weighted_normal_t64_w128_fp8_s3"},
+      {QuantScheme::kNone, 1344, 320, "swiglu_normal_t128_w256+weighted_normal_t128_w256_s3"},
+      {QuantScheme::kNone, 1344, 320, "swiglu_normal_t64_w128+weighted_normal_t64_w128_s3"},
+      {QuantScheme::kNone, 1024, 256, "swiglu_normal_t128_w256+weighted_normal_t128_w256"},
   };
-  for (const auto& [scheme, hidden, variant] : cases) {
+  for (const auto& [scheme, hidden, intermediate, variant] : cases) {
     MoeSpec spec = preset("mixtral-8x7b");   // softmax top-2
     spec.num_experts = 4;
     spec.hidden = hidden;
-    spec.intermediate = 256;
+    spec.intermediate = intermediate;
     spec.weight_dtype = scheme == QuantScheme::kNone ? WeightDType::kBF16 : WeightDType::kFP8E4M3;
     spec.scheme = scheme;
     const testkit::Stream stream;
@@ -218,8 +221,8 @@ TEST(DispatchGpu, StagedTmaStoreTilesMatchTheReference) {
       PlanInfo plan;
       const testkit::CheckResult result =
           run_and_check(weights, num_tokens, options, &plan, nullptr, /*poison_workspace=*/true);
-      EXPECT_EQ(plan.gemm1_kernel + "+" + plan.gemm2_kernel, variant) << "H=" << hidden;
-      std::cout << "  H=" << hidden << ":";
+      EXPECT_EQ(plan.gemm1_kernel + "+" + plan.gemm2_kernel, variant) << "H=" << hidden << " I=" << intermediate;
+      std::cout << "  H=" << hidden << " I=" << intermediate << ":";
       expect_pass(result, plan, num_tokens);
     }
   }
