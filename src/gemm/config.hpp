@@ -84,7 +84,10 @@ struct GemmConfig {
   // one a weight row) through shared memory and TMA, whole 128-byte lines, where the output is whole
   // 64-column boxes and the staged tile fits beside the stages without lowering the CTAs an SM the
   // variant is built for (two for one consumer, one for two): GEMM2's FP8 128×128 tiles, its 3-stage
-  // 64×128 and 128×256 ones, its FP8 64×64 block tiles; GEMM1's 64×128, 128×128 and 128×256 tiles.
+  // 64×128 and 128×256 ones, its FP8 64×64 block tiles; GEMM1's 128-token tiles (128×128, 128×256).
+  // NOTE: GEMM1's 64-token tiles keep the direct stores: they run at 16–64 tokens an expert, where most
+  // items are an expert's partial last tile, and with the staged tile (8 KB more a CTA) qwen3-30b-a3b
+  // fp8-block T = 256 / 512 measured 1.3 / 1.2 % slower on an H100 (docs/PERF.md, twenty-first session).
   // NOTE: written straight from the fragment, each warp store put 16 bytes into each of 8 rows: the
   // 470 MB of deepseek-v3-tp8's GEMM2 output at T = 4096 reached L2 as ~29 M half-sector writes, and
   // the load/store queue throttled the consumers (ncu: docs/PERF.md, fourteenth session); GEMM1's
@@ -98,6 +101,7 @@ struct GemmConfig {
   // The dynamic shared memory with the staged tile (kSmemBytes below when kTmaStore).
   static constexpr int kStagedSmemBytes = kStages * kStageBytes + kStoreBytes + 1024 + 2 * kStages * 8;
   static constexpr bool kTmaStore = !kSwapAB && kOutputColumns % 64 == 0 &&
+                                    (kEpilogue == EpilogueKind::kRoutingWeight || kTokenTile == 128) &&
                                     kStagedSmemBytes + kCtaOverheadBytes / 2 <= kMaxSmemBytes &&
                                     kDesignedCtasPerSm * (kStagedSmemBytes + kCtaOverheadBytes) <= kSmemPerSm;
   // Dynamic shared memory: the stages, the staged output tile (kTmaStore), then the barriers.
