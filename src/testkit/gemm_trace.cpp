@@ -176,7 +176,10 @@ std::string format_summaries(const std::vector<LaunchSummary>& summaries, int cl
       std::snprintf(cell, sizeof(cell), "%.0f", value);
     return std::string(cell);
   };
-  text << "per work item, mean SM cycles" << (cycles_per_us > 0 ? " (us at the reported clock)" : "") << ":\n";
+  // NOTE: cudaDevAttrClockRate is the maximum SM clock; under a prefill GEMM an H100 ran at ~1.6 of its
+  // 1.98 GHz (docs/PERF.md, twenty-first session), so the µs read low there; the cycle counts are exact.
+  text << "per work item, mean SM cycles"
+       << (cycles_per_us > 0 ? " (us at the maximum SM clock: a throttled card takes longer)" : "") << ":\n";
   for (const LaunchSummary& s : summaries) {
     char head[256];
     std::snprintf(head, sizeof(head), "%s  grid %d  items %lld%s\n", s.variant.c_str(), s.grid, s.items,
