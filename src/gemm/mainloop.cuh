@@ -279,31 +279,41 @@ __device__ void consume_promoted_overlapped(const SharedStorage<Config>& smem, P
 // beside the accumulator), but the other consumer warpgroup's batch runs meanwhile; what the wider
 // tile buys is a quarter fewer operand bytes from L2 per FLOP than 128×128 (48 KB a stage for 8.4
 // MFLOP, against 32 KB for 4.2), L2 being the busiest unit of the 128×128 FP8 GEMMs (docs/PERF.md).
+// NOTE: the scales of K block k + 1 are loaded while block k runs, a whole block before their
+// promotion: loaded with their own half's batch, they held up some promotions (fp8-block prefill
+// layers 0.7-1.0 % faster on an H100, docs/PERF.md, twenty-third session).
 template <class Config, class Promotion>
 __device__ void consume_promoted_halves(const SharedStorage<Config>& smem, PipelineState& state, int k_begin,
                                         int k_end, float (&accumulator)[Config::kTileN / 2],
                                         const Promotion& promotion) {
   constexpr int kPartial = Config::kTileN / 4;
+  using Loaded = typename Promotion::Loaded;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   float partial[kPartial];
   #pragma unroll
   for (int i = 0; i < Config::kTileN / 2; ++i) accumulator[i] = 0.0f;
+  Loaded next[2] = {promotion.load(k_begin, 0), promotion.load(k_begin, 1)};
   for (int k_block = k_begin; k_block < k_end; ++k_block) {
+    const Loaded current[2] = {next[0], next[1]};
     ptx::Barrier::wait(&smem.full[state.stage], state.phase);
     #pragma unroll
     for (int part = 0; part < 2; ++part) {
-      // The half's scales load while its batch runs.
-      const typename Promotion::Loaded scales = promotion.load(k_block, part);
       #pragma unroll
       for (int i = 0; i < kPartial; ++i) cute::warpgroup_fence_operand(partial[i]);
       cute::warpgroup_arrive();
       issue_stage<Config, Config::kTileN / 2>(smem, state.stage, partial, false, part * (Config::kTileN / 2));
       cute::warpgroup_commit_batch();
+      if (part == 0) {
+        // The last block loads its own scales again rather than branch (k_block + 1 may be k_end).
+        const int next_block = min(k_block + 1, k_end - 1);
+        next[0] = promotion.load(next_block, 0);
+        next[1] = promotion.load(next_block, 1);
+      }
       cute::warpgroup_wait<0>();
       #pragma unroll
       for (int i = 0; i < kPartial; ++i) cute::warpgroup_fence_operand(partial[i]);
       if (part == 1 && warp_leader) ptx::Barrier::arrive(&smem.empty[state.stage]);
-      promotion.apply_half(scales, partial, accumulator, part);
+      promotion.apply_half(current[part], partial, accumulator, part);
     }
     state.advance<Config::kStages>();
   }
