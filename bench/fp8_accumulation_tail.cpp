@@ -6,8 +6,10 @@
 // significant bits (Hopper's e4m3 wgmma accumulator keeps about 14), and promotes every block into
 // an fp32 total — the scheme src/gemm uses. Everything else (scales, e4m3 and bf16 rounding) is the
 // reference's own code. Prints the distribution of ‖gpu_like − ref‖ / ‖ref‖ over random draws.
+// Optional H, I and T give another layer shape (a preset's, to ask what a longer promotion
+// interval would cost there: docs/PERF.md, twenty-third session).
 //
-//   build/fp8_accumulation_tail [draws=1000] [bits=14] [block=128]
+//   build/fp8_accumulation_tail [draws=1000] [bits=14] [block=128] [H=320] [I=384] [T=2]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -85,7 +87,13 @@ std::vector<double> matvec(const std::vector<float>& a, float a_scale, const Qua
 int main(int argc, char** argv) {
   const int draws = argc > 1 ? std::atoi(argv[1]) : 1000;
   Accumulation gpu{true, argc > 2 ? std::atoi(argv[2]) : 14, argc > 3 ? std::atoi(argv[3]) : 128};
-  const int hidden = 320, intermediate = 384, tokens = 2;
+  const int hidden = argc > 4 ? std::atoi(argv[4]) : 320, intermediate = argc > 5 ? std::atoi(argv[5]) : 384,
+            tokens = argc > 6 ? std::atoi(argv[6]) : 2;
+  if (draws < 1 || gpu.bits < 1 || gpu.block < 32 || gpu.block % 32 != 0 || hidden < 1 || intermediate < 1 ||
+      tokens < 1) {
+    std::fprintf(stderr, "fp8_accumulation_tail: draws, bits, H, I and T must be positive, block a multiple of 32\n");
+    return 2;
+  }
   std::mt19937_64 generator(1);
   std::uniform_real_distribution<float> x_dist(-1.0f, 1.0f);
   std::uniform_real_distribution<float> w13_dist(-1.0f / std::sqrt(float(hidden)), 1.0f / std::sqrt(float(hidden)));
@@ -120,7 +128,8 @@ int main(int argc, char** argv) {
   }
   std::sort(errors.begin(), errors.end());
   const long over = std::count_if(errors.begin(), errors.end(), [](double e) { return e > 2e-2; });
-  std::printf("accumulator %d bits, promoted every %d K, %d draws: median %.4f p90 %.4f p99 %.4f max %.4f; above 2e-2: %ld\n",
-              gpu.bits, gpu.block, draws, errors[draws / 2], errors[draws * 9 / 10], errors[draws * 99 / 100],
-              errors.back(), over);
+  std::printf("H=%d I=%d T=%d, accumulator %d bits, promoted every %d K, %d draws: median %.4f p90 %.4f p99 %.4f "
+              "max %.4f; above 2e-2: %ld\n",
+              hidden, intermediate, tokens, gpu.bits, gpu.block, draws, errors[draws / 2], errors[draws * 9 / 10],
+              errors[draws * 99 / 100], errors.back(), over);
 }
