@@ -4,59 +4,39 @@
 // large enough for e4m3 to see it. The header's note gives the exhaustive check; this is a strided share.
 #include <gtest/gtest.h>
 
-#include <cuda_fp8.h>
-
+#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "quant/divide.hpp"
+#include "reference/reference.hpp"
 
 namespace hmoe::quant {
 namespace {
 
-float bf16_value(std::uint32_t bits) {
-  const std::uint32_t word = bits << 16;
-  float value;
-  std::memcpy(&value, &word, sizeof value);
-  return value;
-}
+using reference::bf16_to_float;
+using reference::float_to_e4m3;
 
-std::uint32_t float_bits(float value) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
+// The reference's scale (amax / 448, UE8M0 when asked), as both quantisers compute it.
+float scale_of(float amax, bool ue8m0) { return reference::fp8_scale(amax, ue8m0); }
 
-// The reference's scale conventions (reference/reference.hpp): amax / 448, optionally rounded up to a
-// power of two (UE8M0).
-float scale_of(float amax, bool ue8m0) {
-  const float scale = amax / 448.0f;
-  if (!ue8m0) return scale;
-  int exponent = 0;
-  const float fraction = std::frexp(scale, &exponent);
-  return fraction == 0.5f ? scale : std::ldexp(1.0f, exponent);
-}
-
-std::uint8_t e4m3(float value) {
-  return static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3));
-}
+std::uint32_t float_bits(float value) { return std::bit_cast<std::uint32_t>(value); }
 
 TEST(QuantDivide, MatchesTheDivisionForEveryE4m3Byte) {
   long long checked = 0, inexact_large = 0, e4m3_differs = 0;
   // Every 7th positive finite bf16 amax (subnormals and the 2^-60 boundary among them) and the
   // largest, and for each every 11th bf16 value up to it plus the 16 largest, both signs.
   const auto check_amax = [&](std::uint32_t amax_bits) {
-    const float amax = bf16_value(amax_bits);
+    const float amax = bf16_to_float(amax_bits);
     for (bool ue8m0 : {false, true}) {
       const float scale = scale_of(amax, ue8m0);
       const Divisor divisor = make_divisor(scale);
       const auto check = [&](std::uint32_t value_bits) {
         for (float sign : {1.0f, -1.0f}) {
-          const float value = sign * bf16_value(value_bits);
+          const float value = sign * bf16_to_float(value_bits);
           const float expected = value / scale, got = divide_rn(value, divisor);
           ++checked;
-          if (e4m3(expected) != e4m3(got) && ++e4m3_differs <= 5)
+          if (float_to_e4m3(expected) != float_to_e4m3(got) && ++e4m3_differs <= 5)
             ADD_FAILURE() << "e4m3 byte differs: amax " << amax << " ue8m0 " << ue8m0 << " value " << value;
           if (std::fabs(expected) >= 0x1p-11f && float_bits(expected) != float_bits(got) && ++inexact_large <= 5)
             ADD_FAILURE() << "quotient differs: amax " << amax << " ue8m0 " << ue8m0 << " value " << value
@@ -81,16 +61,16 @@ TEST(QuantDivide, EdgesKeepSignAndRange) {
   const Divisor unit = make_divisor(1.0f);
   EXPECT_EQ(float_bits(divide_rn(-0.0f, unit)), float_bits(-0.0f));
   EXPECT_EQ(float_bits(divide_rn(0.0f, unit)), float_bits(0.0f));
-  const float tiny_amax = bf16_value(0x0001);   // the smallest bf16 subnormal
+  const float tiny_amax = bf16_to_float(0x0001);   // the smallest bf16 subnormal
   const float tiny_scale = scale_of(tiny_amax, false);
   const Divisor tiny = make_divisor(tiny_scale);
   EXPECT_EQ(tiny.factor, 0x1p100f);
   EXPECT_EQ(divide_rn(tiny_amax, tiny), tiny_amax / tiny_scale);
-  const float big_amax = bf16_value(0x7f7f);    // the largest finite bf16
+  const float big_amax = bf16_to_float(0x7f7f);    // the largest finite bf16
   const Divisor big = make_divisor(scale_of(big_amax, false));
   EXPECT_EQ(big.factor, 1.0f);
-  EXPECT_EQ(e4m3(divide_rn(big_amax, big)), e4m3(448.0f));
-  EXPECT_EQ(e4m3(divide_rn(-big_amax, big)), e4m3(-448.0f));
+  EXPECT_EQ(float_to_e4m3(divide_rn(big_amax, big)), float_to_e4m3(448.0f));
+  EXPECT_EQ(float_to_e4m3(divide_rn(-big_amax, big)), float_to_e4m3(-448.0f));
 }
 
 }  // namespace
