@@ -12,20 +12,16 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include "common/cuda_check.hpp"
+#include "common/environment.hpp"
 
 namespace hmoe {
 
 // False when HMOE_PDL=0 (read once per process).
 inline bool pdl_allowed() {
-  static const bool allowed = [] {
-    const char* value = std::getenv("HMOE_PDL");
-    return value == nullptr || std::strcmp(value, "0") != 0;
-  }();
+  static const bool allowed = environment_switch_on("HMOE_PDL");
   return allowed;
 }
 

@@ -1,10 +1,9 @@
 // Counting sort of (token, slot) pairs by expert. Counts and positions use atomics: the order of
 // rows inside one expert may differ between runs, but every row is computed independently and the
 // combine sums each token's slots in slot order, so outputs are bit-identical run to run.
-#include <cstdlib>
-#include <cstring>
 
 #include "common/cuda_check.hpp"
+#include "common/environment.hpp"
 #include "common/launch.cuh"
 #include "permute/permute.hpp"
 #include "permute/single_block.cuh"
@@ -116,8 +115,7 @@ __global__ void scatter_rows_kernel(const uint4* __restrict__ x, const int* __re
 }  // namespace
 
 bool scatter_x_environment() {
-  const char* value = std::getenv("HMOE_SCATTER_X");
-  return value == nullptr || std::strcmp(value, "0") != 0;
+  return environment_switch_on("HMOE_SCATTER_X");
 }
 
 void launch_permute(const int* topk_ids, const float* topk_weights, const void* x, int num_tokens, int top_k,
