@@ -224,6 +224,9 @@ struct PlanInfo {
   // The whole layer runs as one kernel (docs/DISPATCH.md, "Fused decode layer"): gemm1_kernel
   // names it, gemm2_kernel is empty, and the tile fields above are the unfused plan's.
   bool fused_decode = false;
+  // FP8: GEMM1's epilogue writes GEMM2's e4m3 input and 1×128 group scales itself, so no separate
+  // re-quantisation pass runs (the 256-row block-scaled GEMM1 tiles; HMOE_FUSED_REQUANT=0 turns it off).
+  bool fused_requant = false;
 };
 
 namespace dispatch {
@@ -274,6 +277,7 @@ class MoeRunner {
   PlanOptions options_;
   int num_sms_ = 0;
   bool scatter_x_ = true;                // prefill x rows read once per token (HMOE_SCATTER_X=0: off)
+  bool fused_requant_ = true;            // FP8 GEMM1 re-quantises its output where it can (HMOE_FUSED_REQUANT=0: off)
   std::size_t workspace_bytes_ = 0;
   int chunk_tokens_ = 0;
   std::size_t w13_scale_bytes_ = 0;      // FP8 weight scales, for the overlap checks (0 for bf16)

@@ -372,6 +372,7 @@ nb::dict plan_dict(const PlanInfo& info) {
   plan["gemm2_splits"] = info.gemm2_splits;
   plan["source"] = info.source;
   plan["fused_decode"] = info.fused_decode;
+  plan["fused_requant"] = info.fused_requant;
   return plan;
 }
 

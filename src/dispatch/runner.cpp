@@ -140,6 +140,7 @@ MoeRunner::MoeRunner(const MoeSpec& spec, const PlanOptions& options) : spec_(sp
   w2_scale_bytes_ = weight_scale_count(spec_, WeightMatrix::kW2) * sizeof(float);
   overrides_ = dispatch::make_plan_overrides(spec_, options_);
   scatter_x_ = permute::scatter_x_environment();
+  fused_requant_ = gemm::fused_requant_environment();
   if (options.replay_graphs) graphs_ = std::make_shared<dispatch::GraphCache>();
   if (!dispatch::current_device_name().empty()) {
     prepare_kernels();
@@ -315,6 +316,7 @@ PlanInfo MoeRunner::plan_info(int num_tokens) const {
   info.gemm2_kernel = plan.gemm2->name;
   info.num_chunks = static_cast<int>((static_cast<long long>(tokens) + chunk_tokens_ - 1) / chunk_tokens_);
   info.source = plan.source;
+  info.fused_requant = spec_.scheme != QuantScheme::kNone && fused_requant_ && plan.gemm1->fused_requant;
   const int max_tiles =
       max_token_tiles(static_cast<long long>(std::min(tokens, chunk_tokens_)) * spec_.top_k, spec_.num_experts,
                       plan.token_tile);
@@ -325,6 +327,7 @@ PlanInfo MoeRunner::plan_info(int num_tokens) const {
       spec_, options_, overrides_.get(), std::min(tokens, chunk_tokens_), dispatch::fused_decode_environment());
   if (!fused_by.empty()) {
     info.fused_decode = true;
+    info.fused_requant = false;
     info.source = fused_by;
     info.gemm1_kernel = decode::kernel_name(spec_);
     info.gemm2_kernel.clear();
@@ -561,13 +564,23 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   gemm1.split_partials = split_partials;
   gemm1.split_counters = split_counters;
   gemm1.pdl = pdl;
+  // GEMM1's 256-row block-scaled tiles write the SwiGLU output as GEMM2's e4m3 rows and 1×128 group
+  // scales themselves (gemm::fuses_requant); every other FP8 GEMM1 stores it as bf16 for the separate
+  // pass below. Both round it to bf16 first, as the reference does, and give the same bytes.
+  const bool gemm1_requantizes = fp8 && fused_requant_ && plan.gemm1->fused_requant;
+  if (gemm1_requantizes) {
+    gemm1.out = at<void>(args.workspace, layout.intermediate_fp8);
+    gemm1.out_scales = at<float>(args.workspace, layout.intermediate_scales);
+    gemm1.ue8m0 = spec_.ue8m0_scales;
+  }
   if (!skips(kStageGemm1)) plan.gemm1->launch(gemm1, stream);
 
   const void* gemm2_tokens = intermediate;
   const float* intermediate_scales = nullptr;
-  if (fp8) {
-    // NOTE: GEMM1 stores the SwiGLU output as bf16 and this pass re-quantises it (the reference
-    // rounds to bf16 first too); fusing it into GEMM1's epilogue is future work (docs/FP8.md).
+  if (gemm1_requantizes) {
+    gemm2_tokens = gemm1.out;
+    intermediate_scales = gemm1.out_scales;
+  } else if (fp8) {
     void* intermediate_fp8 = at<void>(args.workspace, layout.intermediate_fp8);
     float* scales = at<float>(args.workspace, layout.intermediate_scales);
     quant::ActivationRows rows;
@@ -594,6 +607,8 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   gemm2.row_weights = buffers.row_weights;
   gemm2.weight_scale = args.weights.w2_scale;
   gemm2.token_scale = intermediate_scales;
+  gemm2.out_scales = nullptr;   // (GEMM1's re-quantised output only)
+  gemm2.ue8m0 = false;
   gemm2.splits = gemm2_splits;
   if (!skips(kStageGemm2)) plan.gemm2->launch(gemm2, stream);
 

@@ -37,6 +37,16 @@ enum class QuantKind {
 inline constexpr int kTileRowBytes = 128;   // one swizzled shared-memory row: 64 bf16 or 128 e4m3
 inline constexpr int kScaleGroup = 128;     // K (and weight rows) per FP8 block scale
 
+// GEMM1 variants whose epilogue can also write the SwiGLU output already re-quantised for GEMM2 — e4m3
+// values and their 1×128 group scales (GemmLaunch::out_scales) — instead of bf16 for a separate pass:
+// the normal-orientation block-scaled tiles of 256 weight rows, whose 128 output columns are exactly one
+// group (each row's 128 values lie in one quad of one warp, so the group's amax is two shuffles).
+// NOTE: narrower tiles hold part of a group, and a cross-tile amax measured slower than the separate
+// pass (docs/PERF.md, "Fused re-quantisation v1/v2"); per-token and dynamic per-tensor scales span rows.
+__host__ __device__ constexpr bool fuses_requant(EpilogueKind epilogue, bool swap_ab, int weight_tile, QuantKind quant) {
+  return epilogue == EpilogueKind::kSwiGlu && !swap_ab && weight_tile == 2 * kScaleGroup && quant == QuantKind::kBlockScale;
+}
+
 template <EpilogueKind kEpilogue_, bool kSwapAB_, int kTokenTile_, int kWeightTile_, int kStages_,
           bool kGatherTokens_ = false, QuantKind kQuant_ = QuantKind::kNone>
 struct GemmConfig {
@@ -75,6 +85,7 @@ struct GemmConfig {
   // aligned; GEMM1's 256-row tiles hold the gate and up rows of 128 intermediate columns).
   static_assert(kQuant != QuantKind::kBlockScale || kWeightTile <= kScaleGroup || kFp8Halves,
                 "one weight scale block per tile half");
+  static constexpr bool kFusedRequant = fuses_requant(kEpilogue, kSwapAB, kWeightTile, kQuant);
   static_assert(kTileN % 8 == 0 && kTileN >= 8 && kTileN <= 256, "wgmma N is a multiple of 8 up to 256");
   static constexpr int kABytes = kTileM * kTileRowBytes;
   static constexpr int kBBytes = kTileN * kTileRowBytes;
@@ -154,6 +165,12 @@ struct GemmLaunch {
   int splits = 1;
   float* split_partials = nullptr;   // [kSplitPartialFloats]
   int* split_counters = nullptr;     // [kSplitCounters]
+  // GEMM1, Config::kFusedRequant variants only (fuses_requant): when set, `out` receives the SwiGLU
+  // output as e4m3 [token_rows, out_cols] and out_scales its 1×128 group scales [token_rows,
+  // out_cols / 128] — the values and scales quant::launch_quantize_rows would make of the bf16 output,
+  // bit for bit (amax of the bf16-rounded values, amax / 448, UE8M0 when ue8m0; docs/FP8.md).
+  float* out_scales = nullptr;
+  bool ue8m0 = false;
   // Programmatic dependent launch (common/launch.cuh): the kernel may launch while the one before
   // it on the stream finishes.
   bool pdl = false;

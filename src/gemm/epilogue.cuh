@@ -4,10 +4,13 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include "gemm/config.hpp"
 #include "gemm/ptx.cuh"
 #include "gemm/scheduler.cuh"
+#include "quant/divide.hpp"
+#include "quant/fp8.cuh"
 
 namespace hmoe::gemm {
 
@@ -17,6 +20,8 @@ struct EpilogueArgs {
   int weight_rows;
   const float* row_weights;
   bool tma_store;   // Config::kTmaStore variants: the output's layout allows it (KernelArgs::out_map is set)
+  float* out_scales;   // Config::kFusedRequant GEMM1: e4m3 output and its 1×128 group scales (GemmLaunch)
+  bool ue8m0;
 };
 
 // Where a kTmaStore variant's epilogue writes its staged tile: the output's TMA map and the CTA's
@@ -84,6 +89,9 @@ struct Epilogue<Config, EpilogueKind::kSwiGlu> {
 
   static __device__ void apply(const float (&acc)[Config::kTileN / 2], const WorkItem& item,
                                const EpilogueArgs& args, const StoreTarget& target) {
+    if constexpr (Config::kFusedRequant) {
+      if (args.out_scales != nullptr) return apply_requantized(acc, item, args, target);
+    }
     auto* out = static_cast<__nv_bfloat16*>(args.out);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;   // warp counts across consumer warpgroups
     const int weight_row0 = item.weight_tile * kWeightTile;
@@ -131,6 +139,75 @@ struct Epilogue<Config, EpilogueKind::kSwiGlu> {
           out[static_cast<long long>(row) * args.out_cols + column] =
               __float2bfloat16_rn(silu(acc[4 * j + r]) * acc[4 * j + 2 + r]);
         }
+      }
+    }
+  }
+
+  // Config::kFusedRequant, GemmLaunch::out_scales set: the tile's 128 output columns are one 1×128 group of
+  // GEMM2's input. Per fragment row half, each thread rounds its 32 SwiGLU values to bf16 (as the stored
+  // intermediate is), the row's quad shares the amax, and every value becomes e4m3(v / scale) — the bytes
+  // and scales quant::launch_quantize_rows writes from the bf16 output (quant/fp8.cuh, quant/divide.hpp).
+  // Whole tiles go through the staged tile and one TMA box of 128 e4m3 columns × 64 rows a warpgroup
+  // (the 128-byte swizzle, as store_staged_tile); partial ones store each pair of bytes directly.
+  static __device__ void apply_requantized(const float (&acc)[Config::kTileN / 2], const WorkItem& item,
+                                           const EpilogueArgs& args, const StoreTarget& target) {
+    static_assert(Config::kTileN == 2 * kScaleGroup && !kSwapAB, "one 1×128 group of outputs a tile row");
+    constexpr int kChunks = kScaleGroup / 8;   // 8 output columns a chunk, a pair of them a thread
+    auto* out = static_cast<std::uint8_t*>(args.out);
+    const int warpgroup = threadIdx.x / 128, lane = threadIdx.x % 32;
+    const int group = item.weight_tile, groups = args.out_cols / kScaleGroup, column0 = group * kScaleGroup;
+    const bool staged = Config::kTmaStore && args.tma_store && item.tokens.row_end - item.tokens.row_begin == Config::kTokenTile;
+    const bool leader = threadIdx.x % 128 == 0;
+    const int barrier = 2 + warpgroup;   // named barriers 2, 3, as store_staged_tile
+    std::uint8_t* tile = target.tile + warpgroup * 64 * kTileRowBytes;
+    if (staged) {
+      if (leader) ptx::tma_store_wait_read();
+      ptx::named_barrier_sync(barrier, 128);
+    }
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = 16 * (threadIdx.x / 32 % 4) + lane / 4 + 8 * half;   // within the warpgroup's 64 rows
+      const int token_row = item.tokens.row_begin + 64 * warpgroup + row;
+      float value[2 * kChunks];
+      float amax = 0.0f;
+      #pragma unroll
+      for (int chunk = 0; chunk < kChunks; ++chunk) {
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float gate = acc[4 * (2 * chunk) + 2 * half + e], up = acc[4 * (2 * chunk + 1) + 2 * half + e];
+          value[2 * chunk + e] = __bfloat162float(__float2bfloat16_rn(silu(gate) * up));
+          amax = fmaxf(amax, fabsf(value[2 * chunk + e]));
+        }
+      }
+      // The row's 128 columns lie in the four lanes of its quad.
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      const float scale = quant::fp8_scale(amax, args.ue8m0);
+      const quant::Divisor divisor = quant::make_divisor(scale);
+      const bool row_valid = token_row < item.tokens.row_end;
+      if (lane % 4 == 0 && row_valid) args.out_scales[static_cast<long long>(token_row) * groups + group] = scale;
+      #pragma unroll
+      for (int chunk = 0; chunk < kChunks; ++chunk) {
+        // x is the low byte: the pair's first column.
+        const __nv_fp8x2_storage_t pair = __nv_cvt_float2_to_fp8x2(
+            make_float2(quant::divide_rn(value[2 * chunk], divisor), quant::divide_rn(value[2 * chunk + 1], divisor)),
+            __NV_SATFINITE, __NV_E4M3);
+        const int byte = 8 * chunk + 2 * (lane % 4);   // the output column within the group
+        if (staged) {
+          *reinterpret_cast<__nv_fp8x2_storage_t*>(tile + row * kTileRowBytes + (((byte / 16) ^ (row % 8)) * 16) +
+                                                   byte % 16) = pair;
+        } else if (row_valid) {
+          *reinterpret_cast<__nv_fp8x2_storage_t*>(out + static_cast<long long>(token_row) * args.out_cols + column0 +
+                                                   byte) = pair;
+        }
+      }
+    }
+    if (staged) {
+      ptx::fence_async_shared();
+      ptx::named_barrier_sync(barrier, 128);
+      if (leader) {
+        ptx::tma_store_2d(target.map, tile, column0, item.tokens.row_begin + 64 * warpgroup);
+        ptx::tma_store_commit();
       }
     }
   }

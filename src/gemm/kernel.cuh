@@ -175,7 +175,7 @@ int ctas_per_sm() {
 }
 
 template <class Config>
-void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream, [[maybe_unused]] const char* variant_name) {
+void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream, const char* variant_name) {
   // 1. Preconditions (the dispatcher only picks variants whose constraints hold; re-checked cheaply).
   if (launch.k % 8 != 0 || launch.out_cols % 2 != 0)
     throw Error("hmoe: expert GEMM needs K % 8 == 0 and an even output width (K = " + std::to_string(launch.k) + ")");
@@ -185,6 +185,10 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream, [[maybe_u
     throw Error("hmoe: FP8 expert GEMM launched without weight or token scales");
   if (Config::kQuant == QuantKind::kBlockScale && launch.k % kScaleGroup != 0)
     throw Error("hmoe: block-scaled expert GEMM needs K % 128 == 0 (K = " + std::to_string(launch.k) + ")");
+  if (launch.out_scales != nullptr && (!Config::kFusedRequant || launch.out_cols % kScaleGroup != 0))
+    throw Error(std::string("hmoe: expert GEMM ") + variant_name + " cannot write e4m3 output with group scales" +
+                " (a 256-row block-scaled GEMM1 tile and an output width % 128 == 0 can; width " +
+                std::to_string(launch.out_cols) + ")");
   const int weight_tiles = (launch.weight_rows + Config::kWeightTile - 1) / Config::kWeightTile;
   const int k_blocks = (launch.k + Config::kBlockK - 1) / Config::kBlockK;
   if (launch.splits != 1) {
@@ -224,8 +228,11 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream, [[maybe_u
   // NOTE: TMA needs 16-byte aligned rows; an output that has none keeps the direct stores.
   const bool tma_store = Config::kTmaStore && launch.out_cols % 8 == 0 &&
                          reinterpret_cast<std::uintptr_t>(launch.out) % 16 == 0;
-  if (tma_store) args.out_map = make_tensor_map(launch.out, launch.token_rows, launch.out_cols, 64, 2);
-  args.epilogue = EpilogueArgs{launch.out, launch.out_cols, launch.weight_rows, launch.row_weights, tma_store};
+  // e4m3 output (out_scales set): boxes of 128 columns, still 128 bytes a row.
+  const int out_bytes = launch.out_scales != nullptr ? 1 : 2;
+  if (tma_store) args.out_map = make_tensor_map(launch.out, launch.token_rows, launch.out_cols, 64, out_bytes);
+  args.epilogue = EpilogueArgs{launch.out,         launch.out_cols, launch.weight_rows, launch.row_weights,
+                               tma_store,          launch.out_scales, launch.ue8m0};
   args.scales = ScaleArgs{launch.weight_scale, launch.token_scale, launch.per_row_scales, launch.weight_rows,
                           launch.k / kScaleGroup};
 #ifdef HMOE_GEMM_TRACE

@@ -1,6 +1,8 @@
 // Builds the variant table from the generated list (one entry per generated translation unit).
 #include "gemm/variants.hpp"
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -18,7 +20,7 @@ std::span<const GemmVariant> gemm_variants() {
   static const GemmVariant table[] = {
 #define HMOE_GEMM_VARIANT(name, epilogue, swap_ab, token_tile, weight_tile, stages, gather, quant)              \
   {#name, EpilogueKind::epilogue, swap_ab, token_tile, weight_tile, stages, gather, QuantKind::quant, swap_ab,       \
-   &launch_##name, &prepare_##name},
+   fuses_requant(EpilogueKind::epilogue, swap_ab, weight_tile, QuantKind::quant), &launch_##name, &prepare_##name},
 #include "gemm_variants.inc"
 #undef HMOE_GEMM_VARIANT
   };
@@ -34,6 +36,11 @@ const GemmVariant* find_gemm_variant(EpilogueKind epilogue, QuantKind quant, boo
       return &variant;
   }
   return nullptr;
+}
+
+bool fused_requant_environment() {
+  const char* value = std::getenv("HMOE_FUSED_REQUANT");
+  return value == nullptr || std::strcmp(value, "0") != 0;
 }
 
 QuantKind quant_kind(const MoeSpec& spec) {

@@ -21,6 +21,7 @@ struct GemmVariant {
   bool gather_tokens;   // reads x rows through the row → token index (GemmLaunch::token_index)
   QuantKind quant;      // bf16, or e4m3 with epilogue or per-K-block scales
   bool split_k;         // may split K over CTAs (GemmConfig::kSplitK: the Swap-AB variants)
+  bool fused_requant;   // GEMM1 that can write e4m3 + group scales for GEMM2 (fuses_requant, GemmLaunch::out_scales)
   void (*launch)(const GemmLaunch&, cudaStream_t);
   void (*prepare)();    // one-time setup (shared-memory limit, occupancy, module load); launch does it too
 };
@@ -30,6 +31,11 @@ std::span<const GemmVariant> gemm_variants();
 // The variant with exactly these properties (`stages` 0: the first listed of any depth), or nullptr.
 const GemmVariant* find_gemm_variant(EpilogueKind epilogue, QuantKind quant, bool swap_ab, int token_tile,
                                      int weight_tile, bool gather_tokens = false, int stages = 0);
+
+// Whether GEMM1 variants that can re-quantise their output do (the default); HMOE_FUSED_REQUANT=0 in the
+// environment keeps the bf16 output and the separate pass (A/B timing, the bit-identity test). Read by
+// MoeRunner at plan time.
+bool fused_requant_environment();
 
 // How a layer of spec is quantised, as the GEMM variants see it.
 QuantKind quant_kind(const MoeSpec& spec);

@@ -148,6 +148,34 @@ TEST(BenchCli, VariantOptionForcesThePairAtEveryT) {
   expect_usage_error("--ceilings --variant " + pair, "--variant");
 }
 
+// --explain says where GEMM1 writes GEMM2's e4m3 input itself (PlanInfo::fused_requant): the 256-row
+// block-scaled GEMM1 tiles do, narrower ones and the other schemes do not, and HMOE_FUSED_REQUANT=0
+// (read at plan time) turns it off.
+TEST(BenchCli, ExplainSaysWhereGemm1Requantizes) {
+  const auto row_says = [](const std::string& output) {
+    const std::size_t at = output.find("\n  4096 ");
+    EXPECT_NE(at, std::string::npos) << output;
+    return contains(output.substr(at + 1, output.find('\n', at + 1) - at - 1), "+requant");
+  };
+  const std::string wide = "swiglu_normal_t128_w256_fp8block+weighted_normal_t128_w256_fp8block_s3";
+  const std::string narrow = "swiglu_normal_t64_w128_fp8block+weighted_normal_t64_w128_fp8block";
+  CliResult result = run_bench("--model qwen3-30b-a3b --dtype fp8-block --tokens 4096 --explain --variant " + wide);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(row_says(result.output)) << result.output;
+  result = run_bench("--model qwen3-30b-a3b --dtype fp8-block --tokens 4096 --explain --variant " + narrow);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_FALSE(row_says(result.output)) << result.output;
+  result = run_bench("--model qwen3-30b-a3b --dtype fp8-tensor --tokens 4096 --explain --variant "
+                     "swiglu_normal_t128_w256_fp8+weighted_normal_t128_w256_fp8_s3");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_FALSE(row_says(result.output)) << result.output;
+  setenv("HMOE_FUSED_REQUANT", "0", 1);
+  result = run_bench("--model qwen3-30b-a3b --dtype fp8-block --tokens 4096 --explain --variant " + wide);
+  unsetenv("HMOE_FUSED_REQUANT");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_FALSE(row_says(result.output)) << result.output;
+}
+
 // --fused-decode reaches the runner (PlanOptions::fused_decode): on puts the fused layer at T <= 4
 // with "option" as who chose it, off and auto without a table never; bad values and combinations
 // are usage errors.

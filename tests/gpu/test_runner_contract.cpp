@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gpu_test_support.hpp"
+#include "gemm/variants.hpp"
 #include "permute/permute.hpp"
 #include "routing/routing.hpp"
 #include "testkit/check.hpp"
@@ -199,6 +200,86 @@ TEST(RunnerContract, PerTokenXRowsGiveThePerRowBits) {
     const testkit::CheckResult result = testkit::compare_with_reference(
         weights, x_host(weights, inputs, stream.get()), routing, outputs[0], reference_token_budget(spec), 11);
     expect_matches_reference(result, what + " T=1100, per token");
+  }
+}
+
+// GEMM1's 256-row block-scaled tiles write GEMM2's e4m3 rows and 1×128 group scales from their epilogue
+// (gemm::fuses_requant); HMOE_FUSED_REQUANT=0 keeps the bf16 output and the separate pass. The two must
+// give the same bits — whole tiles (staged, TMA) and an expert's partial last tile (direct stores),
+// UE8M0 scales, several groups a row (olmoe-1b-7b I = 1024) and two (deepseek-v3-tp8 I = 256), skewed
+// and extreme routing, invalid ids — and match the reference.
+TEST(RunnerContract, FusedRequantGivesTheSeparatePassBits) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  const std::string pair = "swiglu_normal_t128_w256_fp8block+weighted_normal_t128_w256_fp8block_s3";
+  MoeSpec olmoe_ue8m0 = preset("olmoe-1b-7b");
+  olmoe_ue8m0.weight_dtype = WeightDType::kFP8E4M3;
+  olmoe_ue8m0.scheme = QuantScheme::kBlock128;
+  olmoe_ue8m0.ue8m0_scales = true;
+  const testkit::Stream weight_stream;
+  const testkit::LayerWeights olmoe_weights =
+      testkit::make_layer_weights(olmoe_ue8m0, kWeightSeed, /*keep_host_copy=*/true, weight_stream.get());
+  struct Case {
+    const testkit::LayerWeights* weights;
+    const char* what;
+    int tokens;
+    RoutingMode routing;
+  };
+  for (const Case& c : {Case{&cached_fp8_weights("qwen3-30b-a3b", QuantScheme::kBlock128), "qwen3-30b-a3b fp8-block", 1000,
+                             RoutingMode::kZipf},
+                        Case{&cached_fp8_weights("qwen3-30b-a3b", QuantScheme::kBlock128), "qwen3-30b-a3b fp8-block", 777,
+                             RoutingMode::kExtreme},
+                        Case{&cached_fp8_weights("deepseek-v3-tp8", QuantScheme::kBlock128), "deepseek-v3-tp8 fp8-block",
+                             1100, RoutingMode::kZipf},
+                        Case{&olmoe_weights, "olmoe-1b-7b fp8-block (ue8m0)", 1000, RoutingMode::kZipf}}) {
+    const testkit::LayerWeights& weights = *c.weights;
+    const MoeSpec& spec = weights.spec;
+    const std::string what = std::string(c.what) + " T=" + std::to_string(c.tokens) + " " + testkit::to_string(c.routing);
+    const testkit::Stream stream;
+    testkit::LayerInputs inputs =
+        testkit::make_layer_inputs(weights, c.tokens, Entry::kTopK, {c.routing, 1, 9}, stream.get());
+    reference::Routing routing = testkit::host_routing(weights, inputs, stream.get());
+    for (int slot = 5; slot < c.tokens * spec.top_k; slot += 1009) routing.ids[slot] = slot % 2 == 0 ? -1 : spec.num_experts;
+    testkit::copy_to_device(inputs.topk_ids.get(), routing.ids, stream.get());
+    // Edge values (issue #4): an all-zero token (its groups get scale 1, its output is exactly zero) and
+    // a huge one (|x| ~1e4: the scales follow the amax, and nothing becomes Inf or NaN).
+    const int zero_token = 3, huge_token = 10;
+    std::vector<std::uint16_t> x = x_host(weights, inputs, stream.get());
+    for (int h = 0; h < spec.hidden; ++h) {
+      x[static_cast<std::size_t>(zero_token) * spec.hidden + h] = 0;
+      x[static_cast<std::size_t>(huge_token) * spec.hidden + h] =
+          reference::float_to_bf16((h % 2 ? 1.0f : -1.0f) * (1.0e4f + 37.0f * h));
+    }
+    testkit::copy_to_device(inputs.x.get(), x, stream.get());
+    std::vector<std::uint16_t> outputs[2];
+    for (int separate = 0; separate < 2; ++separate) {
+      if (separate == 1) setenv("HMOE_FUSED_REQUANT", "0", 1);
+      EXPECT_EQ(gemm::fused_requant_environment(), separate == 0) << what;
+      PlanOptions options{c.tokens, Orientation::kAuto, 0, pair};
+      const MoeRunner runner(spec, options);   // reads HMOE_FUSED_REQUANT
+      unsetenv("HMOE_FUSED_REQUANT");
+      EXPECT_EQ(runner.plan_info(c.tokens).gemm1_kernel, pair.substr(0, pair.find('+'))) << what;
+      EXPECT_EQ(runner.plan_info(c.tokens).fused_requant, separate == 0) << what;
+      const DeviceBuffer workspace(runner.workspace_bytes());
+      const std::size_t out_count = static_cast<std::size_t>(c.tokens) * spec.hidden;
+      const DeviceBuffer out(out_count * sizeof(std::uint16_t));
+      RunArgs args = testkit::run_args(weights, inputs, out.get());
+      args.workspace = workspace.get();
+      args.workspace_size = workspace.bytes();
+      // The workspace poisoned too: the fused run must not lean on a bf16 intermediate it never wrote.
+      HMOE_CUDA_CHECK(cudaMemsetAsync(workspace.get(), 0xff, workspace.bytes(), stream.get()));
+      testkit::poison_bf16(out.get(), out_count, stream.get());
+      testkit::run_layer(runner, args, inputs, stream.get());
+      stream.synchronize();
+      outputs[separate] = testkit::copy_to_host<std::uint16_t>(out.get(), out_count, stream.get());
+    }
+    EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].size() * sizeof(std::uint16_t)), 0)
+        << what << ": the fused re-quantisation and the separate pass differ";
+    for (int h = 0; h < spec.hidden; ++h)
+      ASSERT_EQ(outputs[0][static_cast<std::size_t>(zero_token) * spec.hidden + h] & 0x7FFF, 0)
+          << what << ": the all-zero token's output at " << h;
+    const testkit::CheckResult result =
+        testkit::compare_with_reference(weights, x, routing, outputs[0], reference_token_budget(spec), 13);
+    expect_matches_reference(result, what + ", fused");
   }
 }
 
