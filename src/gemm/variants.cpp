@@ -1,11 +1,10 @@
 // Builds the variant table from the generated list (one entry per generated translation unit).
 #include "gemm/variants.hpp"
 
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
+#include "common/environment.hpp"
 #include "hmoe/hmoe.hpp"
 
 namespace hmoe::gemm {
@@ -38,10 +37,7 @@ const GemmVariant* find_gemm_variant(EpilogueKind epilogue, QuantKind quant, boo
   return nullptr;
 }
 
-bool fused_requant_environment() {
-  const char* value = std::getenv("HMOE_FUSED_REQUANT");
-  return value == nullptr || std::strcmp(value, "0") != 0;
-}
+bool fused_requant_environment() { return environment_switch_on("HMOE_FUSED_REQUANT"); }
 
 QuantKind quant_kind(const MoeSpec& spec) {
   switch (spec.scheme) {
