@@ -101,7 +101,7 @@ TEST(Cli, InfoListsPresets) {
 TEST(Cli, InfoPrintsVersionAndCompiledKernels) {
   const CliResult result = run_cli("info");
   EXPECT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_TRUE(contains(result.output, "hmoe 0.1.0\n")) << result.output;
+  EXPECT_TRUE(contains(result.output, "hmoe 0.1.0 (build ")) << result.output;
   EXPECT_FALSE(contains(result.output, "version not exposed")) << result.output;
   EXPECT_TRUE(contains(result.output, "compiled kernels")) << result.output;
   const std::vector<std::string> kernels = hmoe::compiled_kernels();
@@ -114,6 +114,24 @@ TEST(Cli, InfoPrintsVersionAndCompiledKernels) {
   EXPECT_TRUE(listed_swap) << "no Swap-AB variant compiled";
   if (!hmoe::testkit::hopper_gpu_available(nullptr))
     EXPECT_TRUE(contains(result.output, "device: no Hopper GPU")) << result.output;
+}
+
+// The build id names the source tree's commit (cmake/build_id.cmake), so that a carried binary that a
+// build did not relink shows an older one. The tests run right after the build that made the CLI.
+TEST(Cli, InfoNamesTheCommitTheCliWasBuiltFrom) {
+  const hmoe::test::CommandResult head =
+      hmoe::test::run_command(std::string("git -C '") + HMOE_SOURCE_DIR + "' rev-parse --short=12 HEAD");
+  const CliResult result = run_cli("info");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  if (head.exit_code != 0) {
+    EXPECT_TRUE(contains(result.output, "(build unknown (not a git checkout))")) << result.output;
+    return;
+  }
+  const std::string commit = head.output.substr(0, head.output.find('\n'));
+  ASSERT_EQ(commit.size(), 12u) << head.output;
+  EXPECT_TRUE(contains(result.output, "hmoe 0.1.0 (build " + commit + ")\n") ||
+              contains(result.output, "hmoe 0.1.0 (build " + commit + "-dirty."))
+      << "HEAD is " << commit << ":\n" << result.output;
 }
 
 TEST(Cli, GpuCommandsSayWhenThereIsNoHopperGpu) {

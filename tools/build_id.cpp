@@ -1,0 +1,10 @@
+// The tree this CLI was built from, as `git describe --always --dirty` said at build time.
+#include "cli.hpp"
+
+#include "hmoe_build_id.h"
+
+namespace hmoe::cli {
+
+const char* build_id() { return HMOE_BUILD_ID; }
+
+}  // namespace hmoe::cli
