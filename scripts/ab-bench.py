@@ -12,6 +12,9 @@ Each round times A then B, the next B then A (ABBA...), so a drift of the card's
 call weighs on both alike; the table gives every round's median and the ratio of the means, B/A.
 Every invocation is one `hmoe bench ... --json`, whose rows are read back. For the device, where
 each minute counts: one call, both binaries carried (docs/PERF.md says how the sessions use it).
+First each side's build is printed (`hmoe info`'s first line: the commit, and the diff's hash when the
+tree was dirty); two folders that report the same build get a warning, since B/A then compares a
+binary with itself (a build that did not relink, a copy of the wrong folder).
 """
 import argparse
 import json
@@ -44,6 +47,19 @@ def bench_command(build, layer, variant, json_path):
     if variant:
         command += ["--variant", variant]
     return command
+
+
+def build_of(folder):
+    """`hmoe info`'s first line ("hmoe 0.1.0 (build <commit>[-dirty.<hash>])"), or why there is none."""
+    try:
+        done = subprocess.run([os.path.join(folder, "hmoe"), "info"], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return None, f"unknown ({error})"
+    lines = done.stdout.splitlines()
+    if done.returncode != 0 or not lines or "(build " not in lines[0]:
+        return None, f"unknown (hmoe info exited {done.returncode})"
+    return lines[0], lines[0]
 
 
 def run_bench(command, json_path, env):
@@ -87,6 +103,15 @@ def main():
     if builds["A"] == builds["B"] and envs["A"] == envs["B"] and \
             any(layer["variants"][0] == layer["variants"][1] for layer in layers):
         parser.error("A and B are one build with one environment: each layer must name two different variants")
+
+    if not args.dry_run:
+        found = {folder: build_of(folder) for folder in set(builds.values())}
+        ids = {side: found[builds[side]] for side in ("A", "B")}
+        for side in ("A", "B"):
+            print(f"build {side}: {builds[side]}: {ids[side][1]}")
+        if (os.path.realpath(builds["A"]) != os.path.realpath(builds["B"]) and ids["A"][0] is not None and
+                ids["A"][0] == ids["B"][0]):
+            print("WARNING: A and B are different folders with the same build: B/A compares one binary with itself")
 
     with tempfile.TemporaryDirectory() as scratch:
         json_path = os.path.join(scratch, "rows.json")

@@ -48,6 +48,8 @@ if ! "$bin/hmoe" --help >/dev/null 2>&1; then
 else
   note "build      | carried build/ runs here"
 fi
+# Which tree the binaries come from (a carried build/ that make did not relink shows an older commit).
+note "binary     | $("$bin/hmoe" info 2>/dev/null | sed -n 1p)"
 
 skip=" ${HMOE_SKIP:-} "
 check_dtypes=${HMOE_CHECK_DTYPES:-"bf16 fp8-tensor fp8-channel fp8-block"}

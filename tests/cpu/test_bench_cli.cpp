@@ -348,17 +348,19 @@ namespace fs = std::filesystem;
 
 // scripts/ab-bench.py, the device sessions' A/B of two builds: rounds alternate ABBA, each layer's
 // rows are read back from `hmoe bench --json`, and the ratio is of the rounds' means. Run here with
-// two stand-in `hmoe` scripts that write fixed rows.
+// two stand-in `hmoe` scripts that write fixed rows; `info` prints build "<side>" ("same" in folder c).
 class AbBench : public ::testing::Test {
  protected:
   void SetUp() override {
     root_ = fs::path(::testing::TempDir()) / ("ab-bench-" + std::to_string(::getpid()));
-    for (const auto& [side, median] : {std::pair{"a", 100.0}, {"b", 90.0}}) {
+    for (const auto& [side, median] : {std::pair{"a", 100.0}, {"b", 90.0}, {"c", 100.0}}) {
       fs::create_directories(root_ / side);
       const fs::path fake = root_ / side / "hmoe";
       std::ofstream file(fake);
       // Writes one row per --tokens entry with this side's median, and logs the call.
       file << "#!/usr/bin/env python3\nimport json, sys\nargs = sys.argv[1:]\n"
+           << "if args[0] == 'info':\n    print('hmoe 0.1.0 (build " << (std::string(side) == "c" ? "a" : side)
+           << ")')\n    print('device: none')\n    sys.exit(0)\n"
            << "tokens = [int(t) for t in args[args.index('--tokens') + 1].split(',')]\n"
            << "out = args[args.index('--json') + 1]\n"
            << "open('" << (root_ / "calls.log").string() << "', 'a').write('" << side << " ' + ' '.join(args) + '\\n')\n"
@@ -392,6 +394,22 @@ TEST_F(AbBench, AlternatesRoundsAndReportsTheRatioOfMeans) {
   EXPECT_TRUE(contains(result.output, "346.0 / 346.0")) << result.output;
   EXPECT_TRUE(contains(result.output, "0.972x")) << result.output;
   EXPECT_TRUE(contains(result.output, "plans: A g1+g2; B g1+g2")) << result.output;
+  EXPECT_TRUE(contains(result.output, "build A: " + (root_ / "a").string() + ": hmoe 0.1.0 (build a)\n")) << result.output;
+  EXPECT_TRUE(contains(result.output, "build B: " + (root_ / "b").string() + ": hmoe 0.1.0 (build b)\n")) << result.output;
+  EXPECT_FALSE(contains(result.output, "WARNING")) << result.output;
+}
+
+// Folder c holds a binary that reports folder a's build: the A/B still runs, under a warning.
+TEST_F(AbBench, WarnsWhenTwoFoldersHoldTheSameBuild) {
+  const hmoe::test::CommandResult result =
+      ab("--a '" + (root_ / "a").string() + "' --b '" + (root_ / "c").string() + "' --rounds 1 qwen3-30b-a3b:fp8-block:1");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "WARNING: A and B are different folders with the same build")) << result.output;
+  // One folder with two environments is one build on purpose: no warning.
+  const hmoe::test::CommandResult one =
+      ab("--a '" + (root_ / "a").string() + "' --b-env X=1 --rounds 1 qwen3-30b-a3b:fp8-block:1");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_FALSE(contains(one.output, "WARNING")) << one.output;
 }
 
 TEST_F(AbBench, OneBuildNeedsTwoVariantsAndLayersAreChecked) {
