@@ -1,4 +1,4 @@
-// The tree this CLI was built from, as `git describe --always --dirty` said at build time.
+// The tree this CLI was built from, as cmake/build_id.cmake found it at build time.
 #include "cli.hpp"
 
 #include "hmoe_build_id.h"
