@@ -316,7 +316,7 @@ PlanInfo MoeRunner::plan_info(int num_tokens) const {
   info.gemm2_kernel = plan.gemm2->name;
   info.num_chunks = static_cast<int>((static_cast<long long>(tokens) + chunk_tokens_ - 1) / chunk_tokens_);
   info.source = plan.source;
-  info.fused_requant = spec_.scheme != QuantScheme::kNone && fused_requant_ && plan.gemm1->fused_requant;
+  info.fused_requant = fused_requant_ && plan.gemm1->fused_requant;   // as run_experts decides
   const int max_tiles =
       max_token_tiles(static_cast<long long>(std::min(tokens, chunk_tokens_)) * spec_.top_k, spec_.num_experts,
                       plan.token_tile);
@@ -567,7 +567,7 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   // GEMM1's 256-row block-scaled tiles write the SwiGLU output as GEMM2's e4m3 rows and 1×128 group
   // scales themselves (gemm::fuses_requant); every other FP8 GEMM1 stores it as bf16 for the separate
   // pass below. Both round it to bf16 first, as the reference does, and give the same bytes.
-  const bool gemm1_requantizes = fp8 && fused_requant_ && plan.gemm1->fused_requant;
+  const bool gemm1_requantizes = fused_requant_ && plan.gemm1->fused_requant;   // (block-scaled variants only)
   if (gemm1_requantizes) {
     gemm1.out = at<void>(args.workspace, layout.intermediate_fp8);
     gemm1.out_scales = at<float>(args.workspace, layout.intermediate_scales);
