@@ -290,7 +290,7 @@ void print_header(const BenchCommand& command) {
   const MoeSpec& spec = command.spec;
   const testkit::Ceilings& ceilings = testkit::measured_ceilings();
   std::printf("command: %s\n", command.command_line.c_str());
-  std::printf("build: hmoe %s (%s)\n", version().c_str(), build_id());
+  std::printf("build: %s\n", build_description().c_str());
   std::printf("device: %s\n", testkit::describe(testkit::current_device_info()).c_str());
   std::printf("ceilings: d2d copy %.0f GB/s (read+write), read-only stream %.0f GB/s -> floor uses %.0f GB/s; "
               "bf16 GEMM 8192^3 %.1f TFLOP/s\n",
@@ -451,7 +451,7 @@ int ceilings_only(const BenchCommand& command) {
   const testkit::Ceilings& ceilings = testkit::measured_ceilings();
   report.ceilings = report_ceilings(ceilings);
   std::printf("command: %s\n", command.command_line.c_str());
-  std::printf("build: hmoe %s (%s)\n", version().c_str(), build_id());
+  std::printf("build: %s\n", build_description().c_str());
   std::printf("device: %s\n", report.device.c_str());
   std::printf("cuda: runtime %d, driver supports %d\n", report.cuda_runtime_version, report.cuda_driver_version);
   std::printf("d2d copy (read+write bytes)   %8.0f GB/s\n", ceilings.copy_gb_per_s);

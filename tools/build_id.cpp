@@ -7,4 +7,6 @@ namespace hmoe::cli {
 
 const char* build_id() { return HMOE_BUILD_ID; }
 
+std::string build_description() { return "hmoe " + version() + " (build " + build_id() + ")"; }
+
 }  // namespace hmoe::cli

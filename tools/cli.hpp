@@ -70,10 +70,11 @@ std::string plan_summary(const PlanInfo& plan);
 // The one line a GPU command prints (to stderr) when this machine cannot run it.
 bool report_if_no_hopper_gpu(const std::string& command);
 
-// The tree this binary was built from: `git describe --always --dirty` at build time (tools/build_id.cpp),
-// e.g. "3b2ae54fcd72" or "3b2ae54fcd72-dirty.1f0c9a2e" (the diff's hash); a binary a build did not relink
-// shows the older one.
+// The tree this binary was built from (cmake/build_id.cmake, at build time), e.g. "3b2ae54fcd72" or
+// "3b2ae54fcd72-dirty.1f0c9a2e" (the diff's hash); a binary a build did not relink shows the older one.
 const char* build_id();
+// "hmoe <version> (build <build_id>)": the first line of `hmoe info`, and `hmoe bench`'s "build:" line.
+std::string build_description();
 
 // Prints "hmoe <command>: <message>" and the usage to stderr; returns kExitUsage.
 int usage_error(const std::string& command, const std::string& message, const char* usage);

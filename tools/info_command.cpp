@@ -108,7 +108,7 @@ int run_info(const std::vector<std::string>& args) {
     print_kernel_registry();
     return 0;
   }
-  std::printf("hmoe %s (build %s)\n", version().c_str(), build_id());
+  std::printf("%s\n", build_description().c_str());
   print_device();
   print_presets();
   print_compiled_kernels();
