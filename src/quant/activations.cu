@@ -1,7 +1,9 @@
 // FP8 activation quantisation: 4 elements per thread per step (8-byte bf16 loads, 4-byte e4m3
 // stores). 1×128 groups: a group is exactly one warp's step, each warp takes kGroupsPerWarp
 // consecutive groups with their loads issued together, and a row spans as many blocks as it needs
-// (blockIdx.y). Per-row and per-tensor scales: one block per row.
+// (blockIdx.y). Per-row and per-tensor scales: one block per row. Narrow rows share a block
+// (rows_per_block): a row of at most four groups is one warp's, and a per-row or per-tensor row of at
+// most kWarpRowCols columns is one warp's too.
 // NOTE: a row walked by one block in dependent steps made T = 1 latency-bound: deepseek-v3's x
 // (8 rows of 7168, 14 steps per warp) took 10.2 µs, measured on H200 (docs/PERF.md, "Decode chain v1").
 #include "quant/activations.hpp"
@@ -22,7 +24,22 @@ enum class Granularity { kGroup128, kRow, kTensor };
 constexpr int kThreads = 128;
 constexpr int kGroup = 128;
 constexpr int kGroupsPerWarp = 4;
-constexpr int kGroupsPerBlock = kGroupsPerWarp * kThreads / 32;
+constexpr int kWarps = kThreads / 32;
+constexpr int kGroupsPerBlock = kGroupsPerWarp * kWarps;
+constexpr int kWarpRowCols = 8 * 4 * 32;   // per-row / per-tensor rows a warp walks alone: 8 steps a lane
+
+// Rows one block quantises: a row takes ⌈groups / kGroupsPerWarp⌉ warps (1×128 groups; all kWarps
+// beyond that, with blockIdx.y walking the rest), or one warp when narrow enough (per row, per tensor).
+// NOTE: with one block per row a narrow row kept one warp of four busy for two loads (deepseek-v3-tp8's
+// intermediate, I = 256: 65536 blocks at T = 8192), and the pass cost ~3× its bytes' time (docs/PERF.md,
+// twenty-fifth session).
+__host__ __device__ constexpr int rows_per_block(Granularity granularity, int cols) {
+  if (granularity == Granularity::kGroup128) {
+    const int warps = (cols / kGroup + kGroupsPerWarp - 1) / kGroupsPerWarp;
+    return warps >= 1 && warps <= kWarps ? kWarps / warps : 1;
+  }
+  return cols <= kWarpRowCols ? kWarps : 1;
+}
 
 struct Four {
   float v[4];
@@ -62,30 +79,36 @@ __device__ float block_max(float value) {
   return result;
 }
 
-// One block per source row (× column blocks for 1×128 groups) quantises it and writes the e4m3 values
-// and scales to its target rows. Per row (kPerToken false): block x is sorted row x (rows past
-// *num_rows return), reading source row source_row[x] (or x) — a token's x row is read once per sorted
-// row. Per token (prefill): block x is token x, read once, written to its top_k rows slot_rows[x·k + s]
-// (−1: an invalid id, no row). A row's values and scales depend only on its source row, so both
-// write the same bytes.
+// Each block quantises rows_per_block(cols) rows (× column blocks for 1×128 groups) and writes the e4m3
+// values and scales to their target rows; the row's warps (all of them when one row a block) work on
+// it. Per row (kPerToken false): row x is sorted row x (rows past *num_rows return), reading source
+// row source_row[x] (or x) — a token's x row is read once per sorted row. Per token (prefill): row x
+// is token x (x < tokens), read once, written to its top_k rows slot_rows[x·k + s] (−1: an invalid id,
+// no row). A row's values and scales depend only on its source row, so both write the same bytes.
 template <Granularity kGranularity, bool kPerToken>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(
     const __nv_bfloat16* __restrict__ source, const int* __restrict__ source_row, const int* __restrict__ num_rows,
-    const int* __restrict__ slot_rows, int top_k, int cols, bool ue8m0, const float* __restrict__ static_scale,
-    std::uint8_t* __restrict__ values, float* __restrict__ scales) {
+    const int* __restrict__ slot_rows, int top_k, int tokens, int cols, bool ue8m0,
+    const float* __restrict__ static_scale, std::uint8_t* __restrict__ values, float* __restrict__ scales) {
   pdl_start();
-  long long from = blockIdx.x;
+  const int block_rows = rows_per_block(kGranularity, cols), row_warps = kWarps / block_rows;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Warp-uniform (block-uniform when one row a block, where block_max synchronises the block).
+  const int row = static_cast<int>(blockIdx.x) * block_rows + warp / row_warps;
+  long long from = row;
   if constexpr (!kPerToken) {
-    if (static_cast<int>(blockIdx.x) >= *num_rows) return;
-    if (source_row != nullptr) from = source_row[blockIdx.x];
+    if (row >= *num_rows) return;
+    if (source_row != nullptr) from = source_row[row];
+  } else {
+    if (row >= tokens) return;
   }
   const __nv_bfloat16* in = source + from * cols;
   const int targets = kPerToken ? top_k : 1;
   // The t-th target row (−1: none).
-  const auto target = [&](int t) { return kPerToken ? slot_rows[from * top_k + t] : static_cast<int>(blockIdx.x); };
+  const auto target = [&](int t) { return kPerToken ? slot_rows[from * top_k + t] : row; };
   if constexpr (kGranularity == Granularity::kGroup128) {
-    const int groups = cols / kGroup, lane = threadIdx.x % 32;
-    const int first = blockIdx.y * kGroupsPerBlock + (threadIdx.x / 32) * kGroupsPerWarp;
+    const int groups = cols / kGroup;
+    const int first = blockIdx.y * kGroupsPerBlock + warp % row_warps * kGroupsPerWarp;
     Four four[kGroupsPerWarp];
     #pragma unroll
     for (int g = 0; g < kGroupsPerWarp; ++g)
@@ -110,21 +133,24 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
       }
     }
   } else {
+    // A row's threads: the whole block, or its one warp.
+    const int thread = block_rows == 1 ? static_cast<int>(threadIdx.x) : lane;
+    const int stride = 4 * (block_rows == 1 ? kThreads : 32);
     float scale;
     if constexpr (kGranularity == Granularity::kRow) {
       float amax = 0.0f;
       #pragma unroll 4
-      for (int column = 4 * threadIdx.x; column < cols; column += 4 * kThreads) amax = fmaxf(amax, max_abs(load_four(in + column)));
-      scale = fp8_scale(block_max(amax), ue8m0);
-      if (threadIdx.x == 0)
+      for (int column = 4 * thread; column < cols; column += stride) amax = fmaxf(amax, max_abs(load_four(in + column)));
+      scale = fp8_scale(block_rows == 1 ? block_max(amax) : warp_max(amax), ue8m0);
+      if (thread == 0)
         for (int t = 0; t < targets; ++t)
           if (target(t) >= 0) scales[target(t)] = scale;
     } else {
       scale = static_scale != nullptr ? *static_scale : fp8_scale(scales[1], ue8m0);
-      if (blockIdx.x == 0 && threadIdx.x == 0) scales[0] = scale;
+      if (row == 0 && thread == 0) scales[0] = scale;
     }
     #pragma unroll 4
-    for (int column = 4 * threadIdx.x; column < cols; column += 4 * kThreads) {
+    for (int column = 4 * thread; column < cols; column += stride) {
       const std::uint32_t packed = pack_four(load_four(in + column), scale);
       for (int t = 0; t < targets; ++t)
         if (target(t) >= 0) *reinterpret_cast<std::uint32_t*>(values + static_cast<long long>(target(t)) * cols + column) = packed;
@@ -149,12 +175,15 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const __nv_bfloat16* __r
 
 // quantize_kernel<kGranularity> per row or per token, as rows.slot_rows says.
 template <Granularity kGranularity>
-void launch_quantize(const ActivationRows& rows, dim3 grid, bool ue8m0, const float* static_scale, std::uint8_t* out,
-                     float* scales, cudaStream_t stream, bool pdl) {
+void launch_quantize(const ActivationRows& rows, int grid_rows, bool ue8m0, const float* static_scale,
+                     std::uint8_t* out, float* scales, cudaStream_t stream, bool pdl) {
   const auto* source = static_cast<const __nv_bfloat16*>(rows.source);
   const auto kernel = rows.slot_rows != nullptr ? quantize_kernel<kGranularity, true> : quantize_kernel<kGranularity, false>;
+  const int block_rows = rows_per_block(kGranularity, rows.cols);
+  const dim3 grid((grid_rows + block_rows - 1) / block_rows,
+                  kGranularity == Granularity::kGroup128 ? (rows.cols / kGroup + kGroupsPerBlock - 1) / kGroupsPerBlock : 1);
   launch_kernel(pdl, kernel, grid, kThreads, 0, stream, source, rows.source_row, rows.num_rows, rows.slot_rows,
-                rows.top_k, rows.cols, ue8m0, static_scale, out, scales);
+                rows.top_k, rows.tokens, rows.cols, ue8m0, static_scale, out, scales);
 }
 
 }  // namespace
@@ -167,12 +196,10 @@ void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const
   if (grid_rows <= 0) return;
   switch (spec.scheme) {
     case QuantScheme::kBlock128:
-      launch_quantize<Granularity::kGroup128>(
-          rows, dim3(grid_rows, (rows.cols / kGroup + kGroupsPerBlock - 1) / kGroupsPerBlock), ue8m0, nullptr, out,
-          scales, stream, pdl);
+      launch_quantize<Granularity::kGroup128>(rows, grid_rows, ue8m0, nullptr, out, scales, stream, pdl);
       break;
     case QuantScheme::kPerChannelPerToken:
-      launch_quantize<Granularity::kRow>(rows, dim3(grid_rows), ue8m0, nullptr, out, scales, stream, pdl);
+      launch_quantize<Granularity::kRow>(rows, grid_rows, ue8m0, nullptr, out, scales, stream, pdl);
       break;
     case QuantScheme::kPerTensor:
       if (static_scale == nullptr) {
@@ -182,7 +209,7 @@ void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const
         launch_kernel(pdl, amax_kernel, blocks, kThreads, 0, stream, static_cast<const __nv_bfloat16*>(rows.source),
                       rows.amax_rows, rows.num_rows, rows.cols, scales + 1);
       }
-      launch_quantize<Granularity::kTensor>(rows, dim3(grid_rows), ue8m0, static_scale, out, scales, stream, pdl);
+      launch_quantize<Granularity::kTensor>(rows, grid_rows, ue8m0, static_scale, out, scales, stream, pdl);
       break;
     case QuantScheme::kNone:
       throw Error("hmoe: internal error: FP8 quantisation requested for a bf16 layer");
