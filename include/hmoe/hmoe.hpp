@@ -227,6 +227,10 @@ struct PlanInfo {
   // FP8: GEMM1's epilogue writes GEMM2's e4m3 input and 1×128 group scales itself, so no separate
   // re-quantisation pass runs (the 256-row block-scaled GEMM1 tiles; HMOE_FUSED_REQUANT=0 turns it off).
   bool fused_requant = false;
+  // fp8-tensor with a dynamic intermediate scale (RunArgs.intermediate_act_scale null): GEMM1's epilogue
+  // keeps the amax of its bf16 output, so the re-quantisation pass reads it once (HMOE_FUSED_REQUANT=0
+  // keeps the separate amax pass).
+  bool gemm1_amax = false;
 };
 
 namespace dispatch {

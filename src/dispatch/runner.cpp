@@ -317,6 +317,8 @@ PlanInfo MoeRunner::plan_info(int num_tokens) const {
   info.num_chunks = static_cast<int>((static_cast<long long>(tokens) + chunk_tokens_ - 1) / chunk_tokens_);
   info.source = plan.source;
   info.fused_requant = fused_requant_ && plan.gemm1->fused_requant;   // as run_experts decides
+  info.gemm1_amax = fused_requant_ && spec_.scheme == QuantScheme::kPerTensor &&
+                    plan.gemm1->quant == gemm::QuantKind::kEpilogueScale;
   const int max_tiles =
       max_token_tiles(static_cast<long long>(std::min(tokens, chunk_tokens_)) * spec_.top_k, spec_.num_experts,
                       plan.token_tile);
@@ -327,7 +329,7 @@ PlanInfo MoeRunner::plan_info(int num_tokens) const {
       spec_, options_, overrides_.get(), std::min(tokens, chunk_tokens_), dispatch::fused_decode_environment());
   if (!fused_by.empty()) {
     info.fused_decode = true;
-    info.fused_requant = false;
+    info.fused_requant = info.gemm1_amax = false;
     info.source = fused_by;
     info.gemm1_kernel = decode::kernel_name(spec_);
     info.gemm2_kernel.clear();
@@ -524,6 +526,15 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   // The valid expert-sorted rows: (token, slot) pairs with an id in [0, E).
   const int* valid_rows = buffers.expert_offsets + spec_.num_experts;
   float* x_scales = fp8 ? at<float>(args.workspace, layout.x_scales) : nullptr;
+  float* intermediate_scales = fp8 ? at<float>(args.workspace, layout.intermediate_scales) : nullptr;
+  // fp8-tensor with a dynamic intermediate scale: GEMM1's epilogue keeps the amax of its bf16 output in
+  // intermediate_scales[1] (gemm::GemmLaunch::out_amax), so the re-quantisation reads that output once
+  // instead of twice. HMOE_FUSED_REQUANT=0 keeps the amax pass too.
+  const bool gemm1_keeps_amax = fused_requant_ && spec_.scheme == QuantScheme::kPerTensor &&
+                                args.intermediate_act_scale == nullptr && plan.gemm1->quant == gemm::QuantKind::kEpilogueScale;
+  // Zeroed here, beside x's own amax slot, rather than between GEMM1 and the kernel before it (the
+  // programmatic launch of GEMM1 needs a kernel just before it).
+  if (gemm1_keeps_amax) HMOE_CUDA_CHECK(cudaMemsetAsync(intermediate_scales + 1, 0, sizeof(float), stream));
   if (fp8) {
     // FP8: the gather quantises each x row into the sorted rows (one read of x, one e4m3 write).
     quant::ActivationRows rows;
@@ -570,28 +581,23 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   const bool gemm1_requantizes = fused_requant_ && plan.gemm1->fused_requant;   // (block-scaled variants only)
   if (gemm1_requantizes) {
     gemm1.out = at<void>(args.workspace, layout.intermediate_fp8);
-    gemm1.out_scales = at<float>(args.workspace, layout.intermediate_scales);
+    gemm1.out_scales = intermediate_scales;
     gemm1.ue8m0 = spec_.ue8m0_scales;
   }
+  if (gemm1_keeps_amax) gemm1.out_amax = intermediate_scales + 1;
   if (!skips(kStageGemm1)) plan.gemm1->launch(gemm1, stream);
 
-  const void* gemm2_tokens = intermediate;
-  const float* intermediate_scales = nullptr;
-  if (gemm1_requantizes) {
-    gemm2_tokens = gemm1.out;
-    intermediate_scales = gemm1.out_scales;
-  } else if (fp8) {
-    void* intermediate_fp8 = at<void>(args.workspace, layout.intermediate_fp8);
-    float* scales = at<float>(args.workspace, layout.intermediate_scales);
+  const void* gemm2_tokens = fp8 ? at<void>(args.workspace, layout.intermediate_fp8) : intermediate;
+  if (fp8 && !gemm1_requantizes) {
     quant::ActivationRows rows;
     rows.source = intermediate;
     rows.num_rows = valid_rows;
     rows.max_rows = entries;
     rows.cols = spec_.intermediate;
+    rows.amax_ready = gemm1_keeps_amax;
     if (!skips(kStageRequantize))
-      quant::launch_quantize_rows(spec_, rows, args.intermediate_act_scale, intermediate_fp8, scales, stream, pdl);
-    gemm2_tokens = intermediate_fp8;
-    intermediate_scales = scales;
+      quant::launch_quantize_rows(spec_, rows, args.intermediate_act_scale, at<void>(args.workspace, layout.intermediate_fp8),
+                                  intermediate_scales, stream, pdl);
   }
 
   // GEMM2 writes over the gathered x rows: GEMM1, earlier on the stream, no longer needs them.

@@ -86,6 +86,9 @@ struct GemmConfig {
   static_assert(kQuant != QuantKind::kBlockScale || kWeightTile <= kScaleGroup || kFp8Halves,
                 "one weight scale block per tile half");
   static constexpr bool kFusedRequant = fuses_requant(kEpilogue, kSwapAB, kWeightTile, kQuant);
+  // GEMM1 with one dequantisation scale applied in the epilogue (fp8-tensor, fp8-channel): the epilogue can
+  // also keep the amax of its bf16 output (GemmLaunch::out_amax), in either orientation.
+  static constexpr bool kKeepsAmax = kEpilogue == EpilogueKind::kSwiGlu && kQuant == QuantKind::kEpilogueScale;
   static_assert(kTileN % 8 == 0 && kTileN >= 8 && kTileN <= 256, "wgmma N is a multiple of 8 up to 256");
   static constexpr int kABytes = kTileM * kTileRowBytes;
   static constexpr int kBBytes = kTileN * kTileRowBytes;
@@ -171,6 +174,10 @@ struct GemmLaunch {
   // bit for bit (amax of the bf16-rounded values, amax / 448, UE8M0 when ue8m0; docs/FP8.md).
   float* out_scales = nullptr;
   bool ue8m0 = false;
+  // GEMM1, Config::kKeepsAmax variants only: when set, the epilogue also raises *out_amax (which the
+  // caller zeroed) to the largest |value| of the bf16 output it writes — the amax a dynamic per-tensor
+  // re-quantisation needs (quant::ActivationRows::amax_ready), without a pass over the output for it.
+  float* out_amax = nullptr;
   // Programmatic dependent launch (common/launch.cuh): the kernel may launch while the one before
   // it on the stream finishes.
   bool pdl = false;

@@ -22,7 +22,20 @@ struct EpilogueArgs {
   bool tma_store;   // Config::kTmaStore variants: the output's layout allows it (KernelArgs::out_map is set)
   float* out_scales;   // Config::kFusedRequant GEMM1: e4m3 output and its 1×128 group scales (GemmLaunch)
   bool ue8m0;
+  float* out_amax;     // Config::kKeepsAmax GEMM1: raised to the largest |bf16 output| (GemmLaunch)
 };
+
+// Config::kKeepsAmax, EpilogueArgs::out_amax set: the warp's largest |output| into *target. `amax` is the
+// largest |value| of the fp32 values the thread rounded to bf16 and wrote; rounding is monotone and
+// symmetric, so the bf16 rounding of it is the largest |bf16 value| — the amax quant::amax_kernel takes
+// over the stored output (NaN is skipped by fmaxf in both). Every lane of the warp must call it.
+__device__ __forceinline__ void publish_amax(float amax, float* target) {
+  if (target == nullptr) return;
+  #pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  amax = __bfloat162float(__float2bfloat16_rn(amax));
+  if (threadIdx.x % 32 == 0 && amax > 0.0f) quant::atomic_max_abs(target, amax);
+}
 
 // Where a kTmaStore variant's epilogue writes its staged tile: the output's TMA map and the CTA's
 // shared-memory tile (SharedStorage::store_tile).
@@ -95,6 +108,13 @@ struct Epilogue<Config, EpilogueKind::kSwiGlu> {
     auto* out = static_cast<__nv_bfloat16*>(args.out);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;   // warp counts across consumer warpgroups
     const int weight_row0 = item.weight_tile * kWeightTile;
+    // Config::kKeepsAmax: the largest |value| this thread writes (published per warp at the end).
+    float amax = 0.0f;
+    const auto swiglu_pair = [&](float gate0, float up0, float gate1, float up1) {
+      const float a = silu(gate0) * up0, b = silu(gate1) * up1;
+      if constexpr (Config::kKeepsAmax) amax = fmaxf(amax, fmaxf(fabsf(a), fabsf(b)));
+      return __floats2bfloat162_rn(a, b);
+    };
     if constexpr (Config::kTmaStore) {
       // As GEMM2's (below): only whole tiles, whose rows and output columns are all this item's.
       if (args.tma_store && item.tokens.row_end - item.tokens.row_begin == Config::kTokenTile &&
@@ -105,8 +125,9 @@ struct Epilogue<Config, EpilogueKind::kSwiGlu> {
             [&](int half, int chunk, float) {
               const float* gate = &acc[4 * (2 * chunk) + 2 * half];
               const float* up = &acc[4 * (2 * chunk + 1) + 2 * half];
-              return __floats2bfloat162_rn(silu(gate[0]) * up[0], silu(gate[1]) * up[1]);
+              return swiglu_pair(gate[0], up[0], gate[1], up[1]);
             });
+        if constexpr (Config::kKeepsAmax) publish_amax(amax, args.out_amax);
         return;
       }
     }
@@ -122,13 +143,13 @@ struct Epilogue<Config, EpilogueKind::kSwiGlu> {
           if (row >= item.tokens.row_end) continue;
           const float* gate = &acc[4 * j + 2 * half];
           const float* up = &acc[4 * (j + 1) + 2 * half];
-          const __nv_bfloat162 value = __floats2bfloat162_rn(silu(gate[0]) * up[0], silu(gate[1]) * up[1]);
+          const __nv_bfloat162 value = swiglu_pair(gate[0], up[0], gate[1], up[1]);
           *reinterpret_cast<__nv_bfloat162*>(out + static_cast<long long>(row) * args.out_cols + column) = value;
         }
       }
     } else {
       // Fragment rows r (gate) and r+8 (up) of each 16-row group are one SwiGLU pair.
-      if (weight_row0 + 16 * warp >= args.weight_rows) return;
+      if (weight_row0 + 16 * warp >= args.weight_rows) return;   // (the whole warp: it wrote nothing)
       const int column = weight_row0 / 2 + 8 * warp + lane / 4;
       #pragma unroll
       for (int j = 0; j < Config::kTileN / 8; ++j) {
@@ -136,11 +157,13 @@ struct Epilogue<Config, EpilogueKind::kSwiGlu> {
         for (int r = 0; r < 2; ++r) {
           const int row = item.tokens.row_begin + 8 * j + 2 * (lane % 4) + r;
           if (row >= item.tokens.row_end) continue;
-          out[static_cast<long long>(row) * args.out_cols + column] =
-              __float2bfloat16_rn(silu(acc[4 * j + r]) * acc[4 * j + 2 + r]);
+          const float value = silu(acc[4 * j + r]) * acc[4 * j + 2 + r];
+          if constexpr (Config::kKeepsAmax) amax = fmaxf(amax, fabsf(value));
+          out[static_cast<long long>(row) * args.out_cols + column] = __float2bfloat16_rn(value);
         }
       }
     }
+    if constexpr (Config::kKeepsAmax) publish_amax(amax, args.out_amax);
   }
 
   // Config::kFusedRequant, GemmLaunch::out_scales set: the tile's 128 output columns are one 1×128 group of

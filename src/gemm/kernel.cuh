@@ -189,6 +189,9 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream, const cha
     throw Error(std::string("hmoe: expert GEMM ") + variant_name + " cannot write e4m3 output with group scales" +
                 " (a 256-row block-scaled GEMM1 tile and an output width % 128 == 0 can; width " +
                 std::to_string(launch.out_cols) + ")");
+  if (launch.out_amax != nullptr && (!Config::kKeepsAmax || launch.out_scales != nullptr))
+    throw Error(std::string("hmoe: expert GEMM ") + variant_name + " cannot keep its output's amax" +
+                " (GEMM1 tiles with per-tensor or per-row scales writing bf16 can)");
   const int weight_tiles = (launch.weight_rows + Config::kWeightTile - 1) / Config::kWeightTile;
   const int k_blocks = (launch.k + Config::kBlockK - 1) / Config::kBlockK;
   if (launch.splits != 1) {
@@ -232,7 +235,8 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream, const cha
   const int out_bytes = launch.out_scales != nullptr ? 1 : 2;
   if (tma_store) args.out_map = make_tensor_map(launch.out, launch.token_rows, launch.out_cols, 64, out_bytes);
   args.epilogue = EpilogueArgs{launch.out,         launch.out_cols, launch.weight_rows, launch.row_weights,
-                               tma_store,          launch.out_scales, launch.ue8m0};
+                               tma_store,          launch.out_scales, launch.ue8m0,
+                               launch.out_amax};
   args.scales = ScaleArgs{launch.weight_scale, launch.token_scale, launch.per_row_scales, launch.weight_rows,
                           launch.k / kScaleGroup};
 #ifdef HMOE_GEMM_TRACE

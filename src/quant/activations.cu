@@ -202,7 +202,7 @@ void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const
       launch_quantize<Granularity::kRow>(rows, grid_rows, ue8m0, nullptr, out, scales, stream, pdl);
       break;
     case QuantScheme::kPerTensor:
-      if (static_scale == nullptr) {
+      if (static_scale == nullptr && !rows.amax_ready) {
         HMOE_CUDA_CHECK(cudaMemsetAsync(scales + 1, 0, sizeof(float), stream));
         const long long max_quads = static_cast<long long>(rows.amax_rows > 0 ? rows.amax_rows : rows.max_rows) * rows.cols / 4;
         const int blocks = static_cast<int>(std::clamp<long long>((max_quads + kThreads * 8 - 1) / (kThreads * 8), 1, 1056));

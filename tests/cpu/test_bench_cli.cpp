@@ -148,32 +148,44 @@ TEST(BenchCli, VariantOptionForcesThePairAtEveryT) {
   expect_usage_error("--ceilings --variant " + pair, "--variant");
 }
 
-// --explain says where GEMM1 writes GEMM2's e4m3 input itself (PlanInfo::fused_requant): the 256-row
-// block-scaled GEMM1 tiles do, narrower ones and the other schemes do not, and HMOE_FUSED_REQUANT=0
-// (read at plan time) turns it off.
+// --explain says where GEMM1 writes GEMM2's e4m3 input itself (PlanInfo::fused_requant, "+requant"): the
+// 256-row block-scaled GEMM1 tiles do, narrower ones and the other schemes do not; and where it keeps the
+// amax of its bf16 output for a dynamic per-tensor re-quantisation (PlanInfo::gemm1_amax, "+amax"): every
+// fp8-tensor GEMM1, no fp8-channel or fp8-block one. HMOE_FUSED_REQUANT=0 (read at plan time) turns both off.
 TEST(BenchCli, ExplainSaysWhereGemm1Requantizes) {
-  const auto row_says = [](const std::string& output) {
+  const auto plan_column = [](const std::string& output) {
     const std::size_t at = output.find("\n  4096 ");
     EXPECT_NE(at, std::string::npos) << output;
-    return contains(output.substr(at + 1, output.find('\n', at + 1) - at - 1), "+requant");
+    return at == std::string::npos ? std::string() : output.substr(at + 1, output.find('\n', at + 1) - at - 1);
   };
-  const std::string wide = "swiglu_normal_t128_w256_fp8block+weighted_normal_t128_w256_fp8block_s3";
-  const std::string narrow = "swiglu_normal_t64_w128_fp8block+weighted_normal_t64_w128_fp8block";
-  CliResult result = run_bench("--model qwen3-30b-a3b --dtype fp8-block --tokens 4096 --explain --variant " + wide);
-  ASSERT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_TRUE(row_says(result.output)) << result.output;
-  result = run_bench("--model qwen3-30b-a3b --dtype fp8-block --tokens 4096 --explain --variant " + narrow);
-  ASSERT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_FALSE(row_says(result.output)) << result.output;
-  result = run_bench("--model qwen3-30b-a3b --dtype fp8-tensor --tokens 4096 --explain --variant "
-                     "swiglu_normal_t128_w256_fp8+weighted_normal_t128_w256_fp8_s3");
-  ASSERT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_FALSE(row_says(result.output)) << result.output;
+  const auto explain = [&](const std::string& arguments) {
+    const CliResult result = run_bench("--model qwen3-30b-a3b --tokens 4096 --explain " + arguments);
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    return plan_column(result.output);
+  };
+  const std::string wide = "--dtype fp8-block --variant swiglu_normal_t128_w256_fp8block+weighted_normal_t128_w256_fp8block_s3";
+  const std::string narrow = "--dtype fp8-block --variant swiglu_normal_t64_w128_fp8block+weighted_normal_t64_w128_fp8block";
+  const std::string tensor_wide = "--dtype fp8-tensor --variant swiglu_normal_t128_w256_fp8+weighted_normal_t128_w256_fp8_s3";
+  const std::string tensor_swap = "--dtype fp8-tensor --variant swiglu_swap_t16_w64_fp8+weighted_swap_t16_w64_fp8";
+  const std::string channel = "--dtype fp8-channel --variant swiglu_normal_t128_w256_fp8+weighted_normal_t128_w256_fp8_s3";
+  std::string row = explain(wide);
+  EXPECT_TRUE(contains(row, "+requant")) << row;
+  EXPECT_FALSE(contains(row, "+amax")) << row;
+  row = explain(narrow);
+  EXPECT_FALSE(contains(row, "+requant") || contains(row, "+amax")) << row;
+  for (const std::string& tensor : {tensor_wide, tensor_swap}) {
+    row = explain(tensor);
+    EXPECT_TRUE(contains(row, "+amax")) << row;
+    EXPECT_FALSE(contains(row, "+requant")) << row;
+  }
+  row = explain(channel);
+  EXPECT_FALSE(contains(row, "+requant") || contains(row, "+amax")) << row;
   setenv("HMOE_FUSED_REQUANT", "0", 1);
-  result = run_bench("--model qwen3-30b-a3b --dtype fp8-block --tokens 4096 --explain --variant " + wide);
+  for (const std::string& fused : {wide, tensor_wide, tensor_swap}) {
+    row = explain(fused);
+    EXPECT_FALSE(contains(row, "+requant") || contains(row, "+amax")) << fused << ": " << row;
+  }
   unsetenv("HMOE_FUSED_REQUANT");
-  ASSERT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_FALSE(row_says(result.output)) << result.output;
 }
 
 // --fused-decode reaches the runner (PlanOptions::fused_decode): on puts the fused layer at T <= 4

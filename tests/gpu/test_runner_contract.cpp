@@ -283,6 +283,84 @@ TEST(RunnerContract, FusedRequantGivesTheSeparatePassBits) {
   }
 }
 
+// fp8-tensor with dynamic scales: GEMM1's epilogue keeps the amax of its bf16 output (PlanInfo::gemm1_amax),
+// which the re-quantisation pass otherwise takes in a pass of its own (HMOE_FUSED_REQUANT=0). The two must
+// give the same bits through every epilogue path — 128×256 and 128×128 tiles (staged whole tiles, direct
+// partial ones), 64×128 (direct), Swap-AB 16×64 with and without K split over CTAs — at T = 1, 7 and
+// 1000, skewed and extreme routing, invalid ids, an all-zero and a huge token; and match the reference.
+TEST(RunnerContract, Gemm1AmaxGivesTheAmaxPassBits) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  const testkit::LayerWeights& weights = cached_fp8_weights("qwen3-30b-a3b", QuantScheme::kPerTensor);
+  const MoeSpec& spec = weights.spec;
+  struct Case {
+    const char* pair;
+    int split_k;
+    int tokens;
+    RoutingMode routing;
+  };
+  for (const Case& c : {Case{"swiglu_normal_t128_w256_fp8+weighted_normal_t128_w256_fp8_s3", 0, 1000, RoutingMode::kZipf},
+                        Case{"swiglu_normal_t128_w128_fp8+weighted_normal_t128_w128_fp8", 0, 1000, RoutingMode::kExtreme},
+                        Case{"swiglu_normal_t64_w128_fp8+weighted_normal_t64_w128_fp8", 0, 1000, RoutingMode::kZipf},
+                        Case{"swiglu_swap_t16_w64_fp8+weighted_swap_t16_w64_fp8", 1, 7, RoutingMode::kZipf},
+                        Case{"swiglu_swap_t16_w64_fp8+weighted_swap_t16_w64_fp8", 4, 7, RoutingMode::kExtreme},
+                        Case{"swiglu_swap_t16_w64_fp8+weighted_swap_t16_w64_fp8", 1, 1, RoutingMode::kZipf}}) {
+    const std::string what = std::string(c.pair) + " split_k=" + std::to_string(c.split_k) + " T=" +
+                             std::to_string(c.tokens) + " " + testkit::to_string(c.routing);
+    const testkit::Stream stream;
+    testkit::LayerInputs inputs = testkit::make_layer_inputs(weights, c.tokens, Entry::kTopK, {c.routing, 1, 9}, stream.get());
+    reference::Routing routing = testkit::host_routing(weights, inputs, stream.get());
+    for (int slot = 5; slot < c.tokens * spec.top_k; slot += 1009) routing.ids[slot] = slot % 2 == 0 ? -1 : spec.num_experts;
+    testkit::copy_to_device(inputs.topk_ids.get(), routing.ids, stream.get());
+    // An all-zero token (T > 3) and, at T = 1000, a huge one (|x| ~1e4: its SwiGLU output sets the amax).
+    std::vector<std::uint16_t> x = x_host(weights, inputs, stream.get());
+    const int zero_token = c.tokens > 3 ? 3 : -1, huge_token = c.tokens >= 1000 ? 10 : -1;
+    for (int h = 0; h < spec.hidden; ++h) {
+      if (zero_token >= 0) x[static_cast<std::size_t>(zero_token) * spec.hidden + h] = 0;
+      if (huge_token >= 0)
+        x[static_cast<std::size_t>(huge_token) * spec.hidden + h] =
+            reference::float_to_bf16((h % 2 ? 1.0f : -1.0f) * (1.0e4f + 37.0f * h));
+    }
+    testkit::copy_to_device(inputs.x.get(), x, stream.get());
+    std::vector<std::uint16_t> outputs[2];
+    for (int separate = 0; separate < 2; ++separate) {
+      if (separate == 1) setenv("HMOE_FUSED_REQUANT", "0", 1);
+      PlanOptions options{c.tokens, Orientation::kAuto, 0, c.pair};
+      options.split_k = c.split_k;
+      const MoeRunner runner(spec, options);   // reads HMOE_FUSED_REQUANT
+      unsetenv("HMOE_FUSED_REQUANT");
+      const PlanInfo plan = runner.plan_info(c.tokens);
+      EXPECT_EQ(plan.gemm1_kernel, std::string(c.pair).substr(0, std::string(c.pair).find('+'))) << what;
+      EXPECT_FALSE(plan.fused_decode) << what;
+      EXPECT_EQ(plan.gemm1_amax, separate == 0) << what;
+      if (c.split_k > 1) EXPECT_GT(plan.gemm1_splits, 1) << what;
+      const DeviceBuffer workspace(runner.workspace_bytes());
+      const std::size_t out_count = static_cast<std::size_t>(c.tokens) * spec.hidden;
+      const DeviceBuffer out(out_count * sizeof(std::uint16_t));
+      RunArgs args = testkit::run_args(weights, inputs, out.get());
+      args.workspace = workspace.get();
+      args.workspace_size = workspace.bytes();
+      // The amax slot poisoned too (a huge float): the fused run must zero it before GEMM1 raises it.
+      HMOE_CUDA_CHECK(cudaMemsetAsync(workspace.get(), 0x7e, workspace.bytes(), stream.get()));
+      testkit::poison_bf16(out.get(), out_count, stream.get());
+      testkit::run_layer(runner, args, inputs, stream.get());
+      stream.synchronize();
+      outputs[separate] = testkit::copy_to_host<std::uint16_t>(out.get(), out_count, stream.get());
+    }
+    EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].size() * sizeof(std::uint16_t)), 0)
+        << what << ": GEMM1's amax and the amax pass differ";
+    if (zero_token >= 0)
+      for (int h = 0; h < spec.hidden; ++h)
+        ASSERT_EQ(outputs[0][static_cast<std::size_t>(zero_token) * spec.hidden + h] & 0x7FFF, 0)
+            << what << ": the all-zero token's output at " << h;
+    // (a dynamic per-tensor reference runs GEMM1 on every token in float64: at T = 1000 the bits above tie
+    // the run to the separate pass, which the FP8 tests check against the reference at that size)
+    if (c.tokens >= 1000) continue;
+    const testkit::CheckResult result =
+        testkit::compare_with_reference(weights, x, routing, outputs[0], reference_token_budget(spec), 17);
+    expect_matches_reference(result, what + ", GEMM1's amax");
+  }
+}
+
 // At decode sizes run_from_logits routes and permutes in one kernel (permute/route_permute.cu); it
 // must give the bits of the routing kernel followed by the permute stage: run_from_logits against
 // routing::launch_topk into separate buffers and run_from_topk on them, every preset (softmax and
