@@ -6,7 +6,8 @@ Usage: scripts/ab-bench.py --a DIR [--b DIR] [--a-env K=V]... [--b-env K=V]... [
   DIR    a build folder holding `hmoe` (B defaults to A: then the layers name two variants, or the
          sides differ in their environment, e.g. --b-env HMOE_GEMM2_STORE=copy)
   LAYER  PRESET:DTYPE:T[,T...] or PRESET:DTYPE:T[,T...]:VARIANT_A[/VARIANT_B]
-         (VARIANT: GEMM1+GEMM2 kernel names, `hmoe info --kernels`; `-` for the plan's own choice)
+         (VARIANT: GEMM1+GEMM2 kernel names, `hmoe info --kernels`; `-` for the plan's own choice;
+         DTYPE fp8-tensor+static: `--dtype fp8-tensor --static-scales`)
 
 Each round times A then B, the next B then A (ABBA...), so a drift of the card's clocks over the
 call weighs on both alike; the table gives every round's median and the ratio of the means, B/A.
@@ -42,8 +43,12 @@ def parse_layer(text):
 
 
 def bench_command(build, layer, variant, json_path):
-    command = [os.path.join(build, "hmoe"), "bench", "--model", layer["preset"], "--dtype", layer["dtype"],
+    dtype, static = layer["dtype"], layer["dtype"].endswith("+static")
+    command = [os.path.join(build, "hmoe"), "bench", "--model", layer["preset"],
+               "--dtype", dtype[:-len("+static")] if static else dtype,
                "--tokens", ",".join(str(t) for t in layer["tokens"]), "--json", json_path]
+    if static:
+        command.append("--static-scales")
     if variant:
         command += ["--variant", variant]
     return command

@@ -37,7 +37,7 @@ constexpr const char* kBenchUsage =
     "usage: hmoe bench (--model PRESET | --spec E,k,H,I) [--tokens T[,T...]] [--dtype DTYPE]\n"
     "                  [--routing uniform|zipf|extreme] [--orientation auto|normal|swap] [--seed N]\n"
     "                  [--batch-invariant] [--split-k auto|N] [--fused-decode auto|on|off] [--peers cublas]\n"
-    "                  [--variant GEMM1+GEMM2]\n"
+    "                  [--variant GEMM1+GEMM2] [--static-scales]\n"
     "                  [--e2e] [--json FILE]\n"
     "                  [--csv FILE]\n"
     "                  [--explain | --host-overhead | --skip STAGE[,STAGE...]]\n"
@@ -62,6 +62,8 @@ constexpr const char* kBenchUsage =
     "                 names from `hmoe info --kernels`, e.g. swiglu_normal_t128_w128_fp8block+\n"
     "                 weighted_normal_t128_w128_fp8block): A/B one variant against another on the same\n"
     "                 binary; the plan column says [forced]; implies --fused-decode off\n"
+    "  --static-scales  fp8-tensor: static activation scales (vLLM's a1_scale / a2_scale) instead of dynamic\n"
+    "                 ones; GEMM1's 256-row tiles then write GEMM2's e4m3 input themselves (\"+requant\")\n"
     "  --peers        also time peers on the same card, shapes and expert load: cublas = per expert\n"
     "                 cublasGemmEx GEMM1, one SwiGLU kernel, per expert GEMM2, in a CUDA graph (GEMMs and\n"
     "                 activation only); prints its latency and the ratio hmoe/peer. PyTorch peers:\n"
@@ -102,7 +104,13 @@ struct BenchCommand {
   std::string csv_path;
   std::string command_line;
   std::string skip_text;            // --skip as given (empty: a whole layer)
+  bool static_scales = false;       // --static-scales (fp8-tensor)
 };
+
+// The dtype as reports name it: "(static)" after fp8-tensor with --static-scales.
+std::string layer_dtype(const BenchCommand& command) {
+  return dtype_name(command.spec) + (command.static_scales ? "(static)" : "");
+}
 
 // "E,k,H,I": a softmax top-k layer with renormalised weights; anything hmoe::validate rejects is a
 // usage error naming the field.
@@ -198,7 +206,7 @@ BenchCommand parse_bench(const ParsedOptions& parsed) {
          {"--model", "--spec", "--tokens", "--routing", "--orientation", "--peers", "--csv", "--split-k", "--fused-decode",
           "--variant"})
       if (parsed.has(option)) throw UsageError(std::string("--ceilings takes no ") + option);
-    for (const char* flag : {"--e2e", "--batch-invariant"})
+    for (const char* flag : {"--e2e", "--batch-invariant", "--static-scales"})
       if (parsed.flag(flag)) throw UsageError(std::string("--ceilings takes no ") + flag);
     return command;
   }
@@ -221,6 +229,9 @@ BenchCommand parse_bench(const ParsedOptions& parsed) {
   command.options.orientation = parse_orientation(parsed.get("--orientation", "auto"));
   command.options.seed = parse_seed(parsed.get("--seed", "1"));
   command.spec.batch_invariant = parsed.flag("--batch-invariant");
+  command.static_scales = parsed.flag("--static-scales");
+  if (command.static_scales && command.spec.scheme != QuantScheme::kPerTensor)
+    throw UsageError("--static-scales applies to --dtype fp8-tensor only");
   command.options.split_k = parse_split_k(parsed.get("--split-k", "auto"));
   command.options.fused_decode = parse_fused_decode(parsed.get("--fused-decode", "auto"));
   if (command.spec.batch_invariant && command.options.split_k > 1)
@@ -306,7 +317,7 @@ void print_header(const BenchCommand& command) {
   }
   std::printf("layer: %s %s E=%d k=%d H=%d I=%d %s; routing %s; orientation %s; batch-invariant %s; %d input sets; "
               "CUDA graph replays\n",
-              command.layer_name.c_str(), dtype_name(spec).c_str(), spec.num_experts, spec.top_k, spec.hidden, spec.intermediate,
+              command.layer_name.c_str(), layer_dtype(command).c_str(), spec.num_experts, spec.top_k, spec.hidden, spec.intermediate,
               to_string(spec.routing.function).c_str(), testkit::to_string(command.options.routing).c_str(),
               to_string(command.options.orientation).c_str(), spec.batch_invariant ? "on" : "off",
               command.options.input_sets);
@@ -408,7 +419,7 @@ int sweep(const BenchCommand& command) {
   testkit::ReportLayer layer;
   layer.name = command.layer_name;
   layer.spec = command.spec;
-  layer.dtype = dtype_name(command.spec);
+  layer.dtype = layer_dtype(command);
   layer.routing = testkit::to_string(command.options.routing);
   layer.orientation = to_string(command.options.orientation);
   layer.input_sets = command.options.input_sets;
@@ -419,7 +430,8 @@ int sweep(const BenchCommand& command) {
   testkit::LayerWeights weights;
   {
     const testkit::Stream stream;
-    weights = testkit::make_layer_weights(command.spec, command.options.seed, /*keep_host_copy=*/false, stream.get());
+    weights = testkit::make_layer_weights(command.spec, command.options.seed, /*keep_host_copy=*/false, stream.get(),
+                                          command.static_scales);
     stream.synchronize();
   }
   std::unique_ptr<testkit::CublasExpertLoop> cublas;
@@ -473,12 +485,23 @@ int ceilings_only(const BenchCommand& command) {
   return status;
 }
 
+// What GEMM1 does for GEMM2's FP8 input in the bench's runs (PlanInfo::fused_requant, gemm1_amax; an
+// fp8-tensor plan names both, and the scales decide).
+std::string requant_note(const BenchCommand& command, const PlanInfo& plan) {
+  const bool tensor = command.spec.scheme == QuantScheme::kPerTensor;
+  if (plan.fused_requant && (!tensor || command.static_scales)) return " +requant";
+  if (plan.gemm1_amax && !command.static_scales) return " +amax";
+  return "";
+}
+
 // --explain: the plan per T and who chose it, without running anything.
 int explain(const BenchCommand& command) {
   std::string reason;
   const bool gpu = testkit::hopper_gpu_available(&reason);
   std::printf("layer: %s %s E=%d k=%d H=%d I=%d; orientation %s; batch-invariant %s\n", command.layer_name.c_str(),
-              command.spec.weight_dtype == WeightDType::kFP8E4M3 ? to_string(command.spec.scheme).c_str() : "bf16",
+              command.spec.weight_dtype == WeightDType::kFP8E4M3
+                  ? (to_string(command.spec.scheme) + (command.static_scales ? " (static scales)" : "")).c_str()
+                  : "bf16",
               command.spec.num_experts, command.spec.top_k, command.spec.hidden, command.spec.intermediate,
               to_string(command.options.orientation).c_str(), command.spec.batch_invariant ? "on" : "off");
   if (gpu) {
@@ -498,7 +521,7 @@ int explain(const BenchCommand& command) {
     const PlanInfo plan = MoeRunner(command.spec, plan_options).plan_info(num_tokens);
     std::printf("%6d %12.2f  %-20s %-28s %-28s %s\n", num_tokens,
                 static_cast<double>(num_tokens) * command.spec.top_k / command.spec.num_experts,
-                (plan_summary(plan) + (plan.fused_requant ? " +requant" : plan.gemm1_amax ? " +amax" : "")).c_str(), plan.gemm1_kernel.c_str(),
+                (plan_summary(plan) + requant_note(command, plan)).c_str(), plan.gemm1_kernel.c_str(),
                 plan.gemm2_kernel.c_str(), plan.source.c_str());
   }
   return 0;
@@ -519,7 +542,7 @@ void host_overhead(const BenchCommand& command) {
   testkit::LayerWeights weights;
   {
     const testkit::Stream stream;
-    weights = testkit::make_layer_weights(command.spec, command.options.seed, false, stream.get());
+    weights = testkit::make_layer_weights(command.spec, command.options.seed, false, stream.get(), command.static_scales);
     stream.synchronize();
   }
   for (int num_tokens : command.options.token_counts) {
@@ -542,7 +565,7 @@ int run_bench(const std::vector<std::string>& args) {
         args,
         {"--model", "--spec", "--tokens", "--dtype", "--routing", "--orientation", "--seed", "--peers", "--json",
          "--csv", "--skip", "--split-k", "--fused-decode", "--variant"},
-        {"--explain", "--host-overhead", "--ceilings", "--batch-invariant", "--e2e"});
+        {"--explain", "--host-overhead", "--ceilings", "--batch-invariant", "--e2e", "--static-scales"});
     if (parsed.help) {
       std::cout << kBenchUsage;
       return 0;

@@ -224,8 +224,9 @@ struct PlanInfo {
   // The whole layer runs as one kernel (docs/DISPATCH.md, "Fused decode layer"): gemm1_kernel
   // names it, gemm2_kernel is empty, and the tile fields above are the unfused plan's.
   bool fused_decode = false;
-  // FP8: GEMM1's epilogue writes GEMM2's e4m3 input and 1×128 group scales itself, so no separate
-  // re-quantisation pass runs (the 256-row block-scaled GEMM1 tiles; HMOE_FUSED_REQUANT=0 turns it off).
+  // FP8: GEMM1's epilogue writes GEMM2's e4m3 input itself, so no separate re-quantisation pass runs:
+  // the 256-row GEMM1 tiles, fp8-block (with the 1×128 group scales) and, in runs with a static
+  // intermediate scale (RunArgs.intermediate_act_scale set), fp8-tensor. HMOE_FUSED_REQUANT=0 turns it off.
   bool fused_requant = false;
   // fp8-tensor with a dynamic intermediate scale (RunArgs.intermediate_act_scale null): GEMM1's epilogue
   // keeps the amax of its bf16 output, so the re-quantisation pass reads it once (HMOE_FUSED_REQUANT=0

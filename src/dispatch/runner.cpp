@@ -89,6 +89,26 @@ std::size_t logits_element_bytes(const MoeSpec& spec) {
   return spec.routing.logits_dtype == LogitsDType::kBFloat16 ? 2 : 4;
 }
 
+// What GEMM1 does for GEMM2's FP8 input (docs/DISPATCH.md, "GEMM1 re-quantises its own output"): writes it
+// as e4m3 itself (the 256-row tiles: block scales, or per-tensor with a static intermediate scale), or
+// keeps the amax a dynamic per-tensor re-quantisation needs (every per-tensor GEMM1); otherwise the separate
+// pass does everything. `fused`: HMOE_FUSED_REQUANT as the runner read it.
+struct Gemm1Requant {
+  bool writes_fp8 = false;
+  bool keeps_amax = false;
+};
+
+Gemm1Requant gemm1_requant(const MoeSpec& spec, const gemm::GemmVariant& gemm1, bool fused, bool static_scale) {
+  Gemm1Requant requant;
+  if (!fused) return requant;
+  if (spec.scheme == QuantScheme::kBlock128) requant.writes_fp8 = gemm1.fused_requant;
+  if (spec.scheme == QuantScheme::kPerTensor) {
+    requant.writes_fp8 = static_scale && gemm1.fused_requant;
+    requant.keeps_amax = !static_scale && gemm1.quant == gemm::QuantKind::kEpilogueScale;
+  }
+  return requant;
+}
+
 // Ways one GEMM launch over at most `max_tiles` token tiles splits K (dispatch::choose_splits).
 int gemm_splits(const MoeSpec& spec, const PlanOptions& options, const gemm::GemmVariant& variant, int max_tiles,
                 int weight_rows, int k, int num_sms) {
@@ -316,9 +336,9 @@ PlanInfo MoeRunner::plan_info(int num_tokens) const {
   info.gemm2_kernel = plan.gemm2->name;
   info.num_chunks = static_cast<int>((static_cast<long long>(tokens) + chunk_tokens_ - 1) / chunk_tokens_);
   info.source = plan.source;
-  info.fused_requant = fused_requant_ && plan.gemm1->fused_requant;   // as run_experts decides
-  info.gemm1_amax = fused_requant_ && spec_.scheme == QuantScheme::kPerTensor &&
-                    plan.gemm1->quant == gemm::QuantKind::kEpilogueScale;
+  // As run_experts decides; fp8-tensor's depends on the run's scales, so both are told.
+  info.fused_requant = gemm1_requant(spec_, *plan.gemm1, fused_requant_, /*static_scale=*/true).writes_fp8;
+  info.gemm1_amax = gemm1_requant(spec_, *plan.gemm1, fused_requant_, /*static_scale=*/false).keeps_amax;
   const int max_tiles =
       max_token_tiles(static_cast<long long>(std::min(tokens, chunk_tokens_)) * spec_.top_k, spec_.num_experts,
                       plan.token_tile);
@@ -527,14 +547,13 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   const int* valid_rows = buffers.expert_offsets + spec_.num_experts;
   float* x_scales = fp8 ? at<float>(args.workspace, layout.x_scales) : nullptr;
   float* intermediate_scales = fp8 ? at<float>(args.workspace, layout.intermediate_scales) : nullptr;
+  const Gemm1Requant requant =
+      gemm1_requant(spec_, *plan.gemm1, fused_requant_, args.intermediate_act_scale != nullptr);
   // fp8-tensor with a dynamic intermediate scale: GEMM1's epilogue keeps the amax of its bf16 output in
   // intermediate_scales[1] (gemm::GemmLaunch::out_amax), so the re-quantisation reads that output once
-  // instead of twice. HMOE_FUSED_REQUANT=0 keeps the amax pass too.
-  const bool gemm1_keeps_amax = fused_requant_ && spec_.scheme == QuantScheme::kPerTensor &&
-                                args.intermediate_act_scale == nullptr && plan.gemm1->quant == gemm::QuantKind::kEpilogueScale;
-  // Zeroed here, beside x's own amax slot, rather than between GEMM1 and the kernel before it (the
-  // programmatic launch of GEMM1 needs a kernel just before it).
-  if (gemm1_keeps_amax) HMOE_CUDA_CHECK(cudaMemsetAsync(intermediate_scales + 1, 0, sizeof(float), stream));
+  // instead of twice. The slot is zeroed here, beside x's own amax slot, rather than between GEMM1 and
+  // the kernel before it (the programmatic launch of GEMM1 needs a kernel just before it).
+  if (requant.keeps_amax) HMOE_CUDA_CHECK(cudaMemsetAsync(intermediate_scales + 1, 0, sizeof(float), stream));
   if (fp8) {
     // FP8: the gather quantises each x row into the sorted rows (one read of x, one e4m3 write).
     quant::ActivationRows rows;
@@ -575,26 +594,31 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   gemm1.split_partials = split_partials;
   gemm1.split_counters = split_counters;
   gemm1.pdl = pdl;
-  // GEMM1's 256-row block-scaled tiles write the SwiGLU output as GEMM2's e4m3 rows and 1×128 group
-  // scales themselves (gemm::fuses_requant); every other FP8 GEMM1 stores it as bf16 for the separate
-  // pass below. Both round it to bf16 first, as the reference does, and give the same bytes.
-  const bool gemm1_requantizes = fused_requant_ && plan.gemm1->fused_requant;   // (block-scaled variants only)
-  if (gemm1_requantizes) {
+  // GEMM1's 256-row tiles write the SwiGLU output as GEMM2's e4m3 rows themselves, with 1×128 group
+  // scales (fp8-block) or under the static scale (fp8-tensor; gemm::fuses_requant); every other FP8
+  // GEMM1 stores it as bf16 for the separate pass below. Both round it to bf16 first, as the reference
+  // does, and give the same bytes.
+  const bool static_tensor_scale = spec_.scheme == QuantScheme::kPerTensor && args.intermediate_act_scale != nullptr;
+  if (requant.writes_fp8) {
     gemm1.out = at<void>(args.workspace, layout.intermediate_fp8);
-    gemm1.out_scales = intermediate_scales;
-    gemm1.ue8m0 = spec_.ue8m0_scales;
+    if (static_tensor_scale) {
+      gemm1.out_static_scale = args.intermediate_act_scale;
+    } else {
+      gemm1.out_scales = intermediate_scales;
+      gemm1.ue8m0 = spec_.ue8m0_scales;
+    }
   }
-  if (gemm1_keeps_amax) gemm1.out_amax = intermediate_scales + 1;
+  if (requant.keeps_amax) gemm1.out_amax = intermediate_scales + 1;
   if (!skips(kStageGemm1)) plan.gemm1->launch(gemm1, stream);
 
   const void* gemm2_tokens = fp8 ? at<void>(args.workspace, layout.intermediate_fp8) : intermediate;
-  if (fp8 && !gemm1_requantizes) {
+  if (fp8 && !requant.writes_fp8) {
     quant::ActivationRows rows;
     rows.source = intermediate;
     rows.num_rows = valid_rows;
     rows.max_rows = entries;
     rows.cols = spec_.intermediate;
-    rows.amax_ready = gemm1_keeps_amax;
+    rows.amax_ready = requant.keeps_amax;
     if (!skips(kStageRequantize))
       quant::launch_quantize_rows(spec_, rows, args.intermediate_act_scale, at<void>(args.workspace, layout.intermediate_fp8),
                                   intermediate_scales, stream, pdl);
@@ -612,8 +636,11 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   gemm2.out_cols = spec_.hidden;
   gemm2.row_weights = buffers.row_weights;
   gemm2.weight_scale = args.weights.w2_scale;
-  gemm2.token_scale = intermediate_scales;
-  gemm2.out_scales = nullptr;   // (GEMM1's re-quantised output only)
+  // A static per-tensor scale fused into GEMM1 was written nowhere else: GEMM2 reads the caller's.
+  gemm2.token_scale = requant.writes_fp8 && static_tensor_scale ? args.intermediate_act_scale : intermediate_scales;
+  gemm2.out_scales = nullptr;   // (the GEMM1 epilogue's FP8 outputs only)
+  gemm2.out_static_scale = nullptr;
+  gemm2.out_amax = nullptr;
   gemm2.ue8m0 = false;
   gemm2.splits = gemm2_splits;
   if (!skips(kStageGemm2)) plan.gemm2->launch(gemm2, stream);

@@ -37,14 +37,15 @@ enum class QuantKind {
 inline constexpr int kTileRowBytes = 128;   // one swizzled shared-memory row: 64 bf16 or 128 e4m3
 inline constexpr int kScaleGroup = 128;     // K (and weight rows) per FP8 block scale
 
-// GEMM1 variants whose epilogue can also write the SwiGLU output already re-quantised for GEMM2 — e4m3
-// values and their 1×128 group scales (GemmLaunch::out_scales) — instead of bf16 for a separate pass:
-// the normal-orientation block-scaled tiles of 256 weight rows, whose 128 output columns are exactly one
-// group (each row's 128 values lie in one quad of one warp, so the group's amax is two shuffles).
+// GEMM1 variants whose epilogue can also write the SwiGLU output already re-quantised for GEMM2 instead of
+// bf16 for a separate pass: the normal-orientation tiles of 256 weight rows, whose 128 output columns are
+// exactly one 1×128 group — block-scaled ones write e4m3 values and their group scales (GemmLaunch::out_scales;
+// each row's 128 values lie in one quad of one warp, so the group's amax is two shuffles), per-tensor ones
+// e4m3 values under a static scale (GemmLaunch::out_static_scale, fp8-tensor's intermediate_act_scale).
 // NOTE: narrower tiles hold part of a group, and a cross-tile amax measured slower than the separate
 // pass (docs/PERF.md, "Fused re-quantisation v1/v2"); per-token and dynamic per-tensor scales span rows.
 __host__ __device__ constexpr bool fuses_requant(EpilogueKind epilogue, bool swap_ab, int weight_tile, QuantKind quant) {
-  return epilogue == EpilogueKind::kSwiGlu && !swap_ab && weight_tile == 2 * kScaleGroup && quant == QuantKind::kBlockScale;
+  return epilogue == EpilogueKind::kSwiGlu && !swap_ab && weight_tile == 2 * kScaleGroup && quant != QuantKind::kNone;
 }
 
 template <EpilogueKind kEpilogue_, bool kSwapAB_, int kTokenTile_, int kWeightTile_, int kStages_,
@@ -172,8 +173,12 @@ struct GemmLaunch {
   // output as e4m3 [token_rows, out_cols] and out_scales its 1×128 group scales [token_rows,
   // out_cols / 128] — the values and scales quant::launch_quantize_rows would make of the bf16 output,
   // bit for bit (amax of the bf16-rounded values, amax / 448, UE8M0 when ue8m0; docs/FP8.md).
+  // Block-scaled variants only.
   float* out_scales = nullptr;
   bool ue8m0 = false;
+  // The same for per-tensor (kEpilogueScale) kFusedRequant variants with a static scale: `out` receives
+  // e4m3(bf16 value / *out_static_scale), as launch_quantize_rows with that static scale would write.
+  const float* out_static_scale = nullptr;
   // GEMM1, Config::kKeepsAmax variants only: when set, the epilogue also raises *out_amax (which the
   // caller zeroed) to the largest |value| of the bf16 output it writes — the amax a dynamic per-tensor
   // re-quantisation needs (quant::ActivationRows::amax_ready), without a pass over the output for it.

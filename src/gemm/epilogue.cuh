@@ -23,6 +23,7 @@ struct EpilogueArgs {
   float* out_scales;   // Config::kFusedRequant GEMM1: e4m3 output and its 1×128 group scales (GemmLaunch)
   bool ue8m0;
   float* out_amax;     // Config::kKeepsAmax GEMM1: raised to the largest |bf16 output| (GemmLaunch)
+  const float* out_static_scale;   // per-tensor Config::kFusedRequant GEMM1: e4m3 output under this scale
 };
 
 // Config::kKeepsAmax, EpilogueArgs::out_amax set: the warp's largest |output| into *target. `amax` is the
@@ -103,7 +104,8 @@ struct Epilogue<Config, EpilogueKind::kSwiGlu> {
   static __device__ void apply(const float (&acc)[Config::kTileN / 2], const WorkItem& item,
                                const EpilogueArgs& args, const StoreTarget& target) {
     if constexpr (Config::kFusedRequant) {
-      if (args.out_scales != nullptr) return apply_requantized(acc, item, args, target);
+      if ((Config::kQuant == QuantKind::kBlockScale ? args.out_scales : args.out_static_scale) != nullptr)
+        return apply_requantized(acc, item, args, target);
     }
     auto* out = static_cast<__nv_bfloat16*>(args.out);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;   // warp counts across consumer warpgroups
@@ -170,6 +172,8 @@ struct Epilogue<Config, EpilogueKind::kSwiGlu> {
   // GEMM2's input. Per fragment row half, each thread rounds its 32 SwiGLU values to bf16 (as the stored
   // intermediate is), the row's quad shares the amax, and every value becomes e4m3(v / scale) — the bytes
   // and scales quant::launch_quantize_rows writes from the bf16 output (quant/fp8.cuh, quant/divide.hpp).
+  // Per-tensor variants (GemmLaunch::out_static_scale set) divide by the static scale instead: no amax,
+  // no scales written (GEMM2 reads the static scale itself).
   // Whole tiles go through the staged tile and one TMA box of 128 e4m3 columns × 64 rows a warpgroup
   // (the 128-byte swizzle, as store_staged_tile); partial ones store each pair of bytes directly.
   static __device__ void apply_requantized(const float (&acc)[Config::kTileN / 2], const WorkItem& item,
@@ -183,6 +187,9 @@ struct Epilogue<Config, EpilogueKind::kSwiGlu> {
     const bool leader = threadIdx.x % 128 == 0;
     const int barrier = 2 + warpgroup;   // named barriers 2, 3, as store_staged_tile
     std::uint8_t* tile = target.tile + warpgroup * 64 * kTileRowBytes;
+    constexpr bool kStatic = Config::kQuant == QuantKind::kEpilogueScale;
+    [[maybe_unused]] quant::StaticDivisor static_divisor{};
+    if constexpr (kStatic) static_divisor = quant::make_static_divisor(*args.out_static_scale);
     if (staged) {
       if (leader) ptx::tma_store_wait_read();
       ptx::named_barrier_sync(barrier, 128);
@@ -202,19 +209,28 @@ struct Epilogue<Config, EpilogueKind::kSwiGlu> {
           amax = fmaxf(amax, fabsf(value[2 * chunk + e]));
         }
       }
-      // The row's 128 columns lie in the four lanes of its quad.
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-      const float scale = quant::fp8_scale(amax, args.ue8m0);
-      const quant::Divisor divisor = quant::make_divisor(scale);
       const bool row_valid = token_row < item.tokens.row_end;
-      if (lane % 4 == 0 && row_valid) args.out_scales[static_cast<long long>(token_row) * groups + group] = scale;
+      quant::Divisor divisor{};
+      if constexpr (!kStatic) {
+        // The row's 128 columns lie in the four lanes of its quad.
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        const float scale = quant::fp8_scale(amax, args.ue8m0);
+        divisor = quant::make_divisor(scale);
+        if (lane % 4 == 0 && row_valid) args.out_scales[static_cast<long long>(token_row) * groups + group] = scale;
+      }
+      const auto quotient = [&](float v) {
+        if constexpr (kStatic) {
+          return quant::divide_static_rn(v, static_divisor);
+        } else {
+          return quant::divide_rn(v, divisor);
+        }
+      };
       #pragma unroll
       for (int chunk = 0; chunk < kChunks; ++chunk) {
         // x is the low byte: the pair's first column.
         const __nv_fp8x2_storage_t pair = __nv_cvt_float2_to_fp8x2(
-            make_float2(quant::divide_rn(value[2 * chunk], divisor), quant::divide_rn(value[2 * chunk + 1], divisor)),
-            __NV_SATFINITE, __NV_E4M3);
+            make_float2(quotient(value[2 * chunk]), quotient(value[2 * chunk + 1])), __NV_SATFINITE, __NV_E4M3);
         const int byte = 8 * chunk + 2 * (lane % 4);   // the output column within the group
         if (staged) {
           *reinterpret_cast<__nv_fp8x2_storage_t*>(tile + row * kTileRowBytes + (((byte / 16) ^ (row % 8)) * 16) +

@@ -185,11 +185,18 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream, const cha
     throw Error("hmoe: FP8 expert GEMM launched without weight or token scales");
   if (Config::kQuant == QuantKind::kBlockScale && launch.k % kScaleGroup != 0)
     throw Error("hmoe: block-scaled expert GEMM needs K % 128 == 0 (K = " + std::to_string(launch.k) + ")");
-  if (launch.out_scales != nullptr && (!Config::kFusedRequant || launch.out_cols % kScaleGroup != 0))
+  if (launch.out_scales != nullptr &&
+      (!Config::kFusedRequant || Config::kQuant != QuantKind::kBlockScale || launch.out_cols % kScaleGroup != 0))
     throw Error(std::string("hmoe: expert GEMM ") + variant_name + " cannot write e4m3 output with group scales" +
                 " (a 256-row block-scaled GEMM1 tile and an output width % 128 == 0 can; width " +
                 std::to_string(launch.out_cols) + ")");
-  if (launch.out_amax != nullptr && (!Config::kKeepsAmax || launch.out_scales != nullptr))
+  if (launch.out_static_scale != nullptr &&
+      (!Config::kFusedRequant || Config::kQuant != QuantKind::kEpilogueScale || launch.per_row_scales ||
+       launch.out_cols % kScaleGroup != 0))
+    throw Error(std::string("hmoe: expert GEMM ") + variant_name + " cannot write e4m3 output with a static scale" +
+                " (a 256-row per-tensor GEMM1 tile and an output width % 128 == 0 can; width " +
+                std::to_string(launch.out_cols) + ")");
+  if (launch.out_amax != nullptr && (!Config::kKeepsAmax || launch.out_static_scale != nullptr))
     throw Error(std::string("hmoe: expert GEMM ") + variant_name + " cannot keep its output's amax" +
                 " (GEMM1 tiles with per-tensor or per-row scales writing bf16 can)");
   const int weight_tiles = (launch.weight_rows + Config::kWeightTile - 1) / Config::kWeightTile;
@@ -231,12 +238,12 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream, const cha
   // NOTE: TMA needs 16-byte aligned rows; an output that has none keeps the direct stores.
   const bool tma_store = Config::kTmaStore && launch.out_cols % 8 == 0 &&
                          reinterpret_cast<std::uintptr_t>(launch.out) % 16 == 0;
-  // e4m3 output (out_scales set): boxes of 128 columns, still 128 bytes a row.
-  const int out_bytes = launch.out_scales != nullptr ? 1 : 2;
+  // e4m3 output (out_scales or out_static_scale set): boxes of 128 columns, still 128 bytes a row.
+  const int out_bytes = launch.out_scales != nullptr || launch.out_static_scale != nullptr ? 1 : 2;
   if (tma_store) args.out_map = make_tensor_map(launch.out, launch.token_rows, launch.out_cols, 64, out_bytes);
   args.epilogue = EpilogueArgs{launch.out,         launch.out_cols, launch.weight_rows, launch.row_weights,
                                tma_store,          launch.out_scales, launch.ue8m0,
-                               launch.out_amax};
+                               launch.out_amax,    launch.out_static_scale};
   args.scales = ScaleArgs{launch.weight_scale, launch.token_scale, launch.per_row_scales, launch.weight_rows,
                           launch.k / kScaleGroup};
 #ifdef HMOE_GEMM_TRACE

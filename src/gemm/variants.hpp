@@ -21,7 +21,8 @@ struct GemmVariant {
   bool gather_tokens;   // reads x rows through the row → token index (GemmLaunch::token_index)
   QuantKind quant;      // bf16, or e4m3 with epilogue or per-K-block scales
   bool split_k;         // may split K over CTAs (GemmConfig::kSplitK: the Swap-AB variants)
-  bool fused_requant;   // GEMM1 that can write e4m3 + group scales for GEMM2 (fuses_requant, GemmLaunch::out_scales)
+  bool fused_requant;   // GEMM1 that can write GEMM2's e4m3 input (fuses_requant: GemmLaunch::out_scales for
+                        // block scales, out_static_scale for a static per-tensor scale; not per-channel)
   void (*launch)(const GemmLaunch&, cudaStream_t);
   void (*prepare)();    // one-time setup (shared-memory limit, occupancy, module load); launch does it too
 };

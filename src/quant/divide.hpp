@@ -48,4 +48,31 @@ __host__ __device__ inline float divide_rn(float value, const Divisor& divisor) 
 #endif
 }
 
+// value / scale for a scale nobody derived from an amax — fp8-tensor's static intermediate scale, which
+// GEMM1's fused re-quantisation divides by (gemm/epilogue.cuh) and the separate pass divides by with
+// __fdiv_rn: divide_rn where its conditions hold, the IEEE division elsewhere, so the e4m3 byte is the
+// separate pass's for any scale and value. divide_rn's conditions: a scale in (0, 2^126] (a larger one has
+// a subnormal reciprocal, too coarse for the correction step; zero, negative, infinite or NaN ones are
+// the caller's to give) and a finite quotient (values past 448 · scale only saturate, but an infinite
+// value, or a quotient past the float range, makes divide_rn's residual NaN).
+struct StaticDivisor {
+  Divisor divisor;
+  float scale;
+  bool usual;   // scale in (0, 2^126]
+};
+
+__host__ __device__ inline StaticDivisor make_static_divisor(float scale) {
+  const bool usual = scale > 0.0f && scale <= 0x1p126f;   // (false for NaN)
+  return StaticDivisor{make_divisor(usual ? scale : 1.0f), scale, usual};
+}
+
+__host__ __device__ inline float divide_static_rn(float value, const StaticDivisor& divisor) {
+  const float q = divide_rn(value, divisor.divisor);
+#ifdef __CUDA_ARCH__
+  return divisor.usual && isfinite(q) ? q : __fdiv_rn(value, divisor.scale);
+#else
+  return divisor.usual && std::isfinite(q) ? q : value / divisor.scale;
+#endif
+}
+
 }  // namespace hmoe::quant

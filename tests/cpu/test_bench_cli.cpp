@@ -146,6 +146,9 @@ TEST(BenchCli, VariantOptionForcesThePairAtEveryT) {
   expect_usage_error("--model qwen3-30b-a3b --variant " + pair + " --fused-decode on", "--fused-decode on");
   expect_usage_error("--model qwen3-30b-a3b --host-overhead --variant " + pair, "--variant");
   expect_usage_error("--ceilings --variant " + pair, "--variant");
+  expect_usage_error("--model qwen3-30b-a3b --dtype fp8-block --static-scales", "--static-scales");
+  expect_usage_error("--model qwen3-30b-a3b --static-scales", "--static-scales");
+  expect_usage_error("--ceilings --static-scales", "--static-scales");
 }
 
 // --explain says where GEMM1 writes GEMM2's e4m3 input itself (PlanInfo::fused_requant, "+requant"): the
@@ -180,8 +183,14 @@ TEST(BenchCli, ExplainSaysWhereGemm1Requantizes) {
   }
   row = explain(channel);
   EXPECT_FALSE(contains(row, "+requant") || contains(row, "+amax")) << row;
+  // Static fp8-tensor scales: the 256-row tiles write e4m3 under them, no tile keeps an amax.
+  row = explain(tensor_wide + " --static-scales");
+  EXPECT_TRUE(contains(row, "+requant")) << row;
+  EXPECT_FALSE(contains(row, "+amax")) << row;
+  row = explain(tensor_swap + " --static-scales");
+  EXPECT_FALSE(contains(row, "+requant") || contains(row, "+amax")) << row;
   setenv("HMOE_FUSED_REQUANT", "0", 1);
-  for (const std::string& fused : {wide, tensor_wide, tensor_swap}) {
+  for (const std::string& fused : {wide, tensor_wide, tensor_swap, tensor_wide + " --static-scales"}) {
     row = explain(fused);
     EXPECT_FALSE(contains(row, "+requant") || contains(row, "+amax")) << fused << ": " << row;
   }
@@ -439,6 +448,11 @@ TEST_F(AbBench, OneBuildNeedsTwoVariantsAndLayersAreChecked) {
   ASSERT_EQ(env.exit_code, 0) << env.output;
   EXPECT_TRUE(contains(env.output, "round 1 B: HMOE_GEMM2_STORE=copy ")) << env.output;
   EXPECT_EQ(ab(a + "--b-env NOEQUALS qwen3-30b-a3b:bf16:4096").exit_code, 2);
+  // DTYPE fp8-tensor+static: the bench's --static-scales.
+  const hmoe::test::CommandResult fixed = ab(a + "--b-env X=1 --dry-run qwen3-30b-a3b:fp8-tensor+static:4096");
+  ASSERT_EQ(fixed.exit_code, 0) << fixed.output;
+  EXPECT_TRUE(contains(fixed.output, "--dtype fp8-tensor --tokens 4096")) << fixed.output;
+  EXPECT_TRUE(contains(fixed.output, "--static-scales")) << fixed.output;
 }
 
 // scripts/rule-vs-points.py: the analytic rule's pair at each T (asked of the real `hmoe bench

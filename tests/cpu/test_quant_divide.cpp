@@ -73,5 +73,39 @@ TEST(QuantDivide, EdgesKeepSignAndRange) {
   EXPECT_EQ(float_to_e4m3(divide_rn(-big_amax, big)), float_to_e4m3(-448.0f));
 }
 
+// divide_static_rn, for scales a caller gave (fp8-tensor's static intermediate scale): the byte and, where
+// e4m3 can see it, the float of the IEEE division for scales across the whole float range — subnormal, at
+// the 2^-60 and 2^126 boundaries, huge — and the ones divide_rn cannot take (zero, negative, infinite,
+// NaN), against values up to the largest bf16, infinities and NaN.
+TEST(QuantDivide, StaticScalesMatchTheDivisionForEveryValue) {
+  long long checked = 0, inexact_large = 0, e4m3_differs = 0;
+  const auto check_scale = [&](float scale) {
+    const StaticDivisor divisor = make_static_divisor(scale);
+    const auto check = [&](float value) {
+      const float expected = value / scale, got = divide_static_rn(value, divisor);
+      ++checked;
+      if (float_to_e4m3(expected) != float_to_e4m3(got) && ++e4m3_differs <= 5)
+        ADD_FAILURE() << "e4m3 byte differs: scale " << scale << " value " << value;
+      if (std::isfinite(expected) && std::fabs(expected) >= 0x1p-11f && float_bits(expected) != float_bits(got) &&
+          ++inexact_large <= 5)
+        ADD_FAILURE() << "quotient differs: scale " << scale << " value " << value << " expected " << expected
+                      << " got " << got;
+    };
+    for (std::uint32_t value_bits = 0; value_bits < 0x7f80; value_bits += 13) {
+      check(bf16_to_float(value_bits));
+      check(-bf16_to_float(value_bits));
+    }
+    for (float value : {INFINITY, -INFINITY, NAN, 0x1p127f, -0x1p127f, 0.0f, -0.0f}) check(value);
+  };
+  for (std::uint32_t scale_bits = 1; scale_bits < 0x7f800000u; scale_bits += 0x7f8000 / 3 + 17)
+    check_scale(std::bit_cast<float>(scale_bits));
+  for (float scale : {0.0f, -0.0f, -1.0f, -0x1p-70f, INFINITY, -INFINITY, NAN, 0x1p-60f, 0x1.fffffep-61f, 0x1p126f,
+                      0x1.000002p126f, 0x1p127f, 0x1.fffffep127f, 0x1p-149f, 1.0f / 448.0f, 3.0f})
+    check_scale(scale);
+  EXPECT_EQ(e4m3_differs, 0);
+  EXPECT_EQ(inexact_large, 0);
+  EXPECT_GT(checked, 1'000'000);
+}
+
 }  // namespace
 }  // namespace hmoe::quant

@@ -361,6 +361,79 @@ TEST(RunnerContract, Gemm1AmaxGivesTheAmaxPassBits) {
   }
 }
 
+// fp8-tensor with a static intermediate scale: GEMM1's 256-row tiles write GEMM2's e4m3 input under that
+// scale themselves (PlanInfo::fused_requant; HMOE_FUSED_REQUANT=0 keeps the bf16 output and the separate
+// pass). The two must give the same bits — whole and partial tiles, skewed and extreme routing, invalid ids,
+// an all-zero and a huge token (its values saturate) — and match the reference; and with scales nobody
+// would calibrate (1e-30: everything saturates and the divisor takes its 2^100 factor; negative; zero),
+// which the fused epilogue must still divide exactly as the separate pass does (quant::divide_static_rn).
+TEST(RunnerContract, StaticScaleRequantGivesTheSeparatePassBits) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  const testkit::LayerWeights& weights = cached_fp8_weights("qwen3-30b-a3b", QuantScheme::kPerTensor, /*static_scales=*/true);
+  const MoeSpec& spec = weights.spec;
+  const std::string pair = "swiglu_normal_t128_w256_fp8+weighted_normal_t128_w256_fp8_s3";
+  struct Case {
+    int tokens;
+    RoutingMode routing;
+    float intermediate_scale;   // 0 with `calibrated`: the weights' own static scale
+    bool calibrated;
+  };
+  for (const Case& c : {Case{1000, RoutingMode::kZipf, 0.0f, true}, Case{777, RoutingMode::kExtreme, 0.0f, true},
+                        Case{1000, RoutingMode::kZipf, 1e-30f, false}, Case{300, RoutingMode::kZipf, -0.25f, false},
+                        Case{300, RoutingMode::kUniform, 0.0f, false}}) {
+    const std::string what = "qwen3-30b-a3b fp8-tensor(static) T=" + std::to_string(c.tokens) + " " +
+                             testkit::to_string(c.routing) +
+                             (c.calibrated ? std::string() : " intermediate scale " + std::to_string(c.intermediate_scale));
+    const testkit::Stream stream;
+    testkit::LayerInputs inputs = testkit::make_layer_inputs(weights, c.tokens, Entry::kTopK, {c.routing, 1, 9}, stream.get());
+    reference::Routing routing = testkit::host_routing(weights, inputs, stream.get());
+    for (int slot = 5; slot < c.tokens * spec.top_k; slot += 1009) routing.ids[slot] = slot % 2 == 0 ? -1 : spec.num_experts;
+    testkit::copy_to_device(inputs.topk_ids.get(), routing.ids, stream.get());
+    const int zero_token = 3, huge_token = 10;
+    std::vector<std::uint16_t> x = x_host(weights, inputs, stream.get());
+    for (int h = 0; h < spec.hidden; ++h) {
+      x[static_cast<std::size_t>(zero_token) * spec.hidden + h] = 0;
+      x[static_cast<std::size_t>(huge_token) * spec.hidden + h] =
+          reference::float_to_bf16((h % 2 ? 1.0f : -1.0f) * (1.0e4f + 37.0f * h));
+    }
+    testkit::copy_to_device(inputs.x.get(), x, stream.get());
+    const DeviceBuffer scale(sizeof(float));
+    testkit::copy_to_device(scale.get(), std::vector<float>{c.intermediate_scale}, stream.get());
+    std::vector<std::uint16_t> outputs[2];
+    for (int separate = 0; separate < 2; ++separate) {
+      if (separate == 1) setenv("HMOE_FUSED_REQUANT", "0", 1);
+      PlanOptions options{c.tokens, Orientation::kAuto, 0, pair};
+      const MoeRunner runner(spec, options);   // reads HMOE_FUSED_REQUANT
+      unsetenv("HMOE_FUSED_REQUANT");
+      EXPECT_EQ(runner.plan_info(c.tokens).fused_requant, separate == 0) << what;
+      const DeviceBuffer workspace(runner.workspace_bytes());
+      const std::size_t out_count = static_cast<std::size_t>(c.tokens) * spec.hidden;
+      const DeviceBuffer out(out_count * sizeof(std::uint16_t));
+      RunArgs args = testkit::run_args(weights, inputs, out.get());
+      ASSERT_NE(args.intermediate_act_scale, nullptr) << what;
+      if (!c.calibrated) args.intermediate_act_scale = scale.as<const float>();
+      args.workspace = workspace.get();
+      args.workspace_size = workspace.bytes();
+      // The workspace poisoned too: the fused run must not lean on a bf16 intermediate or a scale slot it
+      // never wrote.
+      HMOE_CUDA_CHECK(cudaMemsetAsync(workspace.get(), 0xff, workspace.bytes(), stream.get()));
+      testkit::poison_bf16(out.get(), out_count, stream.get());
+      testkit::run_layer(runner, args, inputs, stream.get());
+      stream.synchronize();
+      outputs[separate] = testkit::copy_to_host<std::uint16_t>(out.get(), out_count, stream.get());
+    }
+    EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].size() * sizeof(std::uint16_t)), 0)
+        << what << ": the fused re-quantisation and the separate pass differ";
+    if (!c.calibrated) continue;
+    for (int h = 0; h < spec.hidden; ++h)
+      ASSERT_EQ(outputs[0][static_cast<std::size_t>(zero_token) * spec.hidden + h] & 0x7FFF, 0)
+          << what << ": the all-zero token's output at " << h;
+    const testkit::CheckResult result =
+        testkit::compare_with_reference(weights, x, routing, outputs[0], reference_token_budget(spec), 19);
+    expect_matches_reference(result, what + ", fused");
+  }
+}
+
 // At decode sizes run_from_logits routes and permutes in one kernel (permute/route_permute.cu); it
 // must give the bits of the routing kernel followed by the permute stage: run_from_logits against
 // routing::launch_topk into separate buffers and run_from_topk on them, every preset (softmax and
