@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <string>
@@ -203,11 +204,78 @@ TEST(RunnerContract, PerTokenXRowsGiveThePerRowBits) {
   }
 }
 
+// One layer run twice on the same inputs with `pair` forced: GEMM1's fused path (HMOE_FUSED_REQUANT unset)
+// and the separate re-quantisation (HMOE_FUSED_REQUANT=0). The inputs: `routing` ids with an invalid one
+// (−1 or E) every 1009 slots from slot 5, token `zero_token` all zeros and `huge_token` |x| ~1e4 (−1:
+// none). Before each run the workspace is filled with `poison` bytes and the output with NaNs. `check`
+// sees each runner (fused first) and may change the run's arguments.
+struct FusedAndSeparate {
+  std::vector<std::uint16_t> x;
+  reference::Routing routing;
+  std::vector<std::uint16_t> outputs[2];   // fused, separate
+};
+
+FusedAndSeparate run_fused_and_separate(const testkit::LayerWeights& weights, const std::string& pair, int split_k,
+                                        int tokens, RoutingMode routing_mode, int zero_token, int huge_token,
+                                        int poison, const std::function<void(const MoeRunner&, bool, RunArgs&)>& check) {
+  const MoeSpec& spec = weights.spec;
+  const testkit::Stream stream;
+  FusedAndSeparate run;
+  testkit::LayerInputs inputs = testkit::make_layer_inputs(weights, tokens, Entry::kTopK, {routing_mode, 1, 9}, stream.get());
+  run.routing = testkit::host_routing(weights, inputs, stream.get());
+  for (int slot = 5; slot < tokens * spec.top_k; slot += 1009) run.routing.ids[slot] = slot % 2 == 0 ? -1 : spec.num_experts;
+  testkit::copy_to_device(inputs.topk_ids.get(), run.routing.ids, stream.get());
+  run.x = x_host(weights, inputs, stream.get());
+  for (int h = 0; h < spec.hidden; ++h) {
+    if (zero_token >= 0) run.x[static_cast<std::size_t>(zero_token) * spec.hidden + h] = 0;
+    if (huge_token >= 0)
+      run.x[static_cast<std::size_t>(huge_token) * spec.hidden + h] =
+          reference::float_to_bf16((h % 2 ? 1.0f : -1.0f) * (1.0e4f + 37.0f * h));
+  }
+  testkit::copy_to_device(inputs.x.get(), run.x, stream.get());
+  for (int separate = 0; separate < 2; ++separate) {
+    if (separate == 1) setenv("HMOE_FUSED_REQUANT", "0", 1);
+    EXPECT_EQ(gemm::fused_requant_environment(), separate == 0);
+    PlanOptions options{tokens, Orientation::kAuto, 0, pair};
+    options.split_k = split_k;
+    const MoeRunner runner(spec, options);   // reads HMOE_FUSED_REQUANT
+    unsetenv("HMOE_FUSED_REQUANT");
+    EXPECT_EQ(runner.plan_info(tokens).gemm1_kernel, pair.substr(0, pair.find('+')));
+    EXPECT_FALSE(runner.plan_info(tokens).fused_decode);
+    const DeviceBuffer workspace(runner.workspace_bytes());
+    const std::size_t out_count = static_cast<std::size_t>(tokens) * spec.hidden;
+    const DeviceBuffer out(out_count * sizeof(std::uint16_t));
+    RunArgs args = testkit::run_args(weights, inputs, out.get());
+    args.workspace = workspace.get();
+    args.workspace_size = workspace.bytes();
+    check(runner, separate == 0, args);
+    HMOE_CUDA_CHECK(cudaMemsetAsync(workspace.get(), poison, workspace.bytes(), stream.get()));
+    testkit::poison_bf16(out.get(), out_count, stream.get());
+    testkit::run_layer(runner, args, inputs, stream.get());
+    stream.synchronize();
+    run.outputs[separate] = testkit::copy_to_host<std::uint16_t>(out.get(), out_count, stream.get());
+  }
+  return run;
+}
+
+// The fused and the separate run gave the same bits, and the all-zero token's output is exactly zero.
+void expect_same_bits_and_zero_token(const FusedAndSeparate& run, const MoeSpec& spec, int zero_token,
+                                     const std::string& what) {
+  EXPECT_EQ(std::memcmp(run.outputs[0].data(), run.outputs[1].data(), run.outputs[0].size() * sizeof(std::uint16_t)), 0)
+      << what << ": the fused path and the separate pass differ";
+  if (zero_token < 0) return;
+  for (int h = 0; h < spec.hidden; ++h)
+    ASSERT_EQ(run.outputs[0][static_cast<std::size_t>(zero_token) * spec.hidden + h] & 0x7FFF, 0)
+        << what << ": the all-zero token's output at " << h;
+}
+
 // GEMM1's 256-row block-scaled tiles write GEMM2's e4m3 rows and 1×128 group scales from their epilogue
 // (gemm::fuses_requant); HMOE_FUSED_REQUANT=0 keeps the bf16 output and the separate pass. The two must
 // give the same bits — whole tiles (staged, TMA) and an expert's partial last tile (direct stores),
 // UE8M0 scales, several groups a row (olmoe-1b-7b I = 1024) and two (deepseek-v3-tp8 I = 256), skewed
-// and extreme routing, invalid ids — and match the reference.
+// and extreme routing, invalid ids, an all-zero token (its groups get scale 1, its output is exactly zero)
+// and a huge one (the scales follow the amax, and nothing becomes Inf or NaN; issue #4) — and match the
+// reference. The workspace is poisoned: the fused run must not lean on a bf16 intermediate it never wrote.
 TEST(RunnerContract, FusedRequantGivesTheSeparatePassBits) {
   HMOE_REQUIRE_HOPPER_GPU();
   const std::string pair = "swiglu_normal_t128_w256_fp8block+weighted_normal_t128_w256_fp8block_s3";
@@ -231,54 +299,16 @@ TEST(RunnerContract, FusedRequantGivesTheSeparatePassBits) {
                         Case{&cached_fp8_weights("deepseek-v3-tp8", QuantScheme::kBlock128), "deepseek-v3-tp8 fp8-block",
                              1100, RoutingMode::kZipf},
                         Case{&olmoe_weights, "olmoe-1b-7b fp8-block (ue8m0)", 1000, RoutingMode::kZipf}}) {
-    const testkit::LayerWeights& weights = *c.weights;
-    const MoeSpec& spec = weights.spec;
     const std::string what = std::string(c.what) + " T=" + std::to_string(c.tokens) + " " + testkit::to_string(c.routing);
-    const testkit::Stream stream;
-    testkit::LayerInputs inputs =
-        testkit::make_layer_inputs(weights, c.tokens, Entry::kTopK, {c.routing, 1, 9}, stream.get());
-    reference::Routing routing = testkit::host_routing(weights, inputs, stream.get());
-    for (int slot = 5; slot < c.tokens * spec.top_k; slot += 1009) routing.ids[slot] = slot % 2 == 0 ? -1 : spec.num_experts;
-    testkit::copy_to_device(inputs.topk_ids.get(), routing.ids, stream.get());
-    // Edge values (issue #4): an all-zero token (its groups get scale 1, its output is exactly zero) and
-    // a huge one (|x| ~1e4: the scales follow the amax, and nothing becomes Inf or NaN).
-    const int zero_token = 3, huge_token = 10;
-    std::vector<std::uint16_t> x = x_host(weights, inputs, stream.get());
-    for (int h = 0; h < spec.hidden; ++h) {
-      x[static_cast<std::size_t>(zero_token) * spec.hidden + h] = 0;
-      x[static_cast<std::size_t>(huge_token) * spec.hidden + h] =
-          reference::float_to_bf16((h % 2 ? 1.0f : -1.0f) * (1.0e4f + 37.0f * h));
-    }
-    testkit::copy_to_device(inputs.x.get(), x, stream.get());
-    std::vector<std::uint16_t> outputs[2];
-    for (int separate = 0; separate < 2; ++separate) {
-      if (separate == 1) setenv("HMOE_FUSED_REQUANT", "0", 1);
-      EXPECT_EQ(gemm::fused_requant_environment(), separate == 0) << what;
-      PlanOptions options{c.tokens, Orientation::kAuto, 0, pair};
-      const MoeRunner runner(spec, options);   // reads HMOE_FUSED_REQUANT
-      unsetenv("HMOE_FUSED_REQUANT");
-      EXPECT_EQ(runner.plan_info(c.tokens).gemm1_kernel, pair.substr(0, pair.find('+'))) << what;
-      EXPECT_EQ(runner.plan_info(c.tokens).fused_requant, separate == 0) << what;
-      const DeviceBuffer workspace(runner.workspace_bytes());
-      const std::size_t out_count = static_cast<std::size_t>(c.tokens) * spec.hidden;
-      const DeviceBuffer out(out_count * sizeof(std::uint16_t));
-      RunArgs args = testkit::run_args(weights, inputs, out.get());
-      args.workspace = workspace.get();
-      args.workspace_size = workspace.bytes();
-      // The workspace poisoned too: the fused run must not lean on a bf16 intermediate it never wrote.
-      HMOE_CUDA_CHECK(cudaMemsetAsync(workspace.get(), 0xff, workspace.bytes(), stream.get()));
-      testkit::poison_bf16(out.get(), out_count, stream.get());
-      testkit::run_layer(runner, args, inputs, stream.get());
-      stream.synchronize();
-      outputs[separate] = testkit::copy_to_host<std::uint16_t>(out.get(), out_count, stream.get());
-    }
-    EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].size() * sizeof(std::uint16_t)), 0)
-        << what << ": the fused re-quantisation and the separate pass differ";
-    for (int h = 0; h < spec.hidden; ++h)
-      ASSERT_EQ(outputs[0][static_cast<std::size_t>(zero_token) * spec.hidden + h] & 0x7FFF, 0)
-          << what << ": the all-zero token's output at " << h;
-    const testkit::CheckResult result =
-        testkit::compare_with_reference(weights, x, routing, outputs[0], reference_token_budget(spec), 13);
+    const int zero_token = 3;
+    const FusedAndSeparate run = run_fused_and_separate(
+        *c.weights, pair, 0, c.tokens, c.routing, zero_token, 10, 0xff,
+        [&](const MoeRunner& runner, bool fused, RunArgs&) {
+          EXPECT_EQ(runner.plan_info(c.tokens).fused_requant, fused) << what;
+        });
+    expect_same_bits_and_zero_token(run, c.weights->spec, zero_token, what);
+    const testkit::CheckResult result = testkit::compare_with_reference(
+        *c.weights, run.x, run.routing, run.outputs[0], reference_token_budget(c.weights->spec), 13);
     expect_matches_reference(result, what + ", fused");
   }
 }
@@ -287,11 +317,12 @@ TEST(RunnerContract, FusedRequantGivesTheSeparatePassBits) {
 // which the re-quantisation pass otherwise takes in a pass of its own (HMOE_FUSED_REQUANT=0). The two must
 // give the same bits through every epilogue path — 128×256 and 128×128 tiles (staged whole tiles, direct
 // partial ones), 64×128 (direct), Swap-AB 16×64 with and without K split over CTAs — at T = 1, 7 and
-// 1000, skewed and extreme routing, invalid ids, an all-zero and a huge token; and match the reference.
+// 1000, skewed and extreme routing, invalid ids, an all-zero token and (T = 1000) a huge one whose SwiGLU
+// output sets the amax; and match the reference. The workspace is poisoned with a huge float: the amax
+// slot must be zeroed before GEMM1 raises it.
 TEST(RunnerContract, Gemm1AmaxGivesTheAmaxPassBits) {
   HMOE_REQUIRE_HOPPER_GPU();
   const testkit::LayerWeights& weights = cached_fp8_weights("qwen3-30b-a3b", QuantScheme::kPerTensor);
-  const MoeSpec& spec = weights.spec;
   struct Case {
     const char* pair;
     int split_k;
@@ -306,57 +337,21 @@ TEST(RunnerContract, Gemm1AmaxGivesTheAmaxPassBits) {
                         Case{"swiglu_swap_t16_w64_fp8+weighted_swap_t16_w64_fp8", 1, 1, RoutingMode::kZipf}}) {
     const std::string what = std::string(c.pair) + " split_k=" + std::to_string(c.split_k) + " T=" +
                              std::to_string(c.tokens) + " " + testkit::to_string(c.routing);
-    const testkit::Stream stream;
-    testkit::LayerInputs inputs = testkit::make_layer_inputs(weights, c.tokens, Entry::kTopK, {c.routing, 1, 9}, stream.get());
-    reference::Routing routing = testkit::host_routing(weights, inputs, stream.get());
-    for (int slot = 5; slot < c.tokens * spec.top_k; slot += 1009) routing.ids[slot] = slot % 2 == 0 ? -1 : spec.num_experts;
-    testkit::copy_to_device(inputs.topk_ids.get(), routing.ids, stream.get());
-    // An all-zero token (T > 3) and, at T = 1000, a huge one (|x| ~1e4: its SwiGLU output sets the amax).
-    std::vector<std::uint16_t> x = x_host(weights, inputs, stream.get());
-    const int zero_token = c.tokens > 3 ? 3 : -1, huge_token = c.tokens >= 1000 ? 10 : -1;
-    for (int h = 0; h < spec.hidden; ++h) {
-      if (zero_token >= 0) x[static_cast<std::size_t>(zero_token) * spec.hidden + h] = 0;
-      if (huge_token >= 0)
-        x[static_cast<std::size_t>(huge_token) * spec.hidden + h] =
-            reference::float_to_bf16((h % 2 ? 1.0f : -1.0f) * (1.0e4f + 37.0f * h));
-    }
-    testkit::copy_to_device(inputs.x.get(), x, stream.get());
-    std::vector<std::uint16_t> outputs[2];
-    for (int separate = 0; separate < 2; ++separate) {
-      if (separate == 1) setenv("HMOE_FUSED_REQUANT", "0", 1);
-      PlanOptions options{c.tokens, Orientation::kAuto, 0, c.pair};
-      options.split_k = c.split_k;
-      const MoeRunner runner(spec, options);   // reads HMOE_FUSED_REQUANT
-      unsetenv("HMOE_FUSED_REQUANT");
-      const PlanInfo plan = runner.plan_info(c.tokens);
-      EXPECT_EQ(plan.gemm1_kernel, std::string(c.pair).substr(0, std::string(c.pair).find('+'))) << what;
-      EXPECT_FALSE(plan.fused_decode) << what;
-      EXPECT_EQ(plan.gemm1_amax, separate == 0) << what;
-      if (c.split_k > 1) EXPECT_GT(plan.gemm1_splits, 1) << what;
-      const DeviceBuffer workspace(runner.workspace_bytes());
-      const std::size_t out_count = static_cast<std::size_t>(c.tokens) * spec.hidden;
-      const DeviceBuffer out(out_count * sizeof(std::uint16_t));
-      RunArgs args = testkit::run_args(weights, inputs, out.get());
-      args.workspace = workspace.get();
-      args.workspace_size = workspace.bytes();
-      // The amax slot poisoned too (a huge float): the fused run must zero it before GEMM1 raises it.
-      HMOE_CUDA_CHECK(cudaMemsetAsync(workspace.get(), 0x7e, workspace.bytes(), stream.get()));
-      testkit::poison_bf16(out.get(), out_count, stream.get());
-      testkit::run_layer(runner, args, inputs, stream.get());
-      stream.synchronize();
-      outputs[separate] = testkit::copy_to_host<std::uint16_t>(out.get(), out_count, stream.get());
-    }
-    EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].size() * sizeof(std::uint16_t)), 0)
-        << what << ": GEMM1's amax and the amax pass differ";
-    if (zero_token >= 0)
-      for (int h = 0; h < spec.hidden; ++h)
-        ASSERT_EQ(outputs[0][static_cast<std::size_t>(zero_token) * spec.hidden + h] & 0x7FFF, 0)
-            << what << ": the all-zero token's output at " << h;
+    const int zero_token = c.tokens > 3 ? 3 : -1;
+    const FusedAndSeparate run = run_fused_and_separate(
+        weights, c.pair, c.split_k, c.tokens, c.routing, zero_token, c.tokens >= 1000 ? 10 : -1, 0x7e,
+        [&](const MoeRunner& runner, bool fused, RunArgs&) {
+          const PlanInfo plan = runner.plan_info(c.tokens);
+          EXPECT_EQ(plan.gemm1_amax, fused) << what;
+          EXPECT_FALSE(plan.fused_requant) << what;
+          if (c.split_k > 1) EXPECT_GT(plan.gemm1_splits, 1) << what;
+        });
+    expect_same_bits_and_zero_token(run, weights.spec, zero_token, what);
     // (a dynamic per-tensor reference runs GEMM1 on every token in float64: at T = 1000 the bits above tie
     // the run to the separate pass, which the FP8 tests check against the reference at that size)
     if (c.tokens >= 1000) continue;
-    const testkit::CheckResult result =
-        testkit::compare_with_reference(weights, x, routing, outputs[0], reference_token_budget(spec), 17);
+    const testkit::CheckResult result = testkit::compare_with_reference(weights, run.x, run.routing, run.outputs[0],
+                                                                        reference_token_budget(weights.spec), 17);
     expect_matches_reference(result, what + ", GEMM1's amax");
   }
 }
@@ -370,12 +365,11 @@ TEST(RunnerContract, Gemm1AmaxGivesTheAmaxPassBits) {
 TEST(RunnerContract, StaticScaleRequantGivesTheSeparatePassBits) {
   HMOE_REQUIRE_HOPPER_GPU();
   const testkit::LayerWeights& weights = cached_fp8_weights("qwen3-30b-a3b", QuantScheme::kPerTensor, /*static_scales=*/true);
-  const MoeSpec& spec = weights.spec;
   const std::string pair = "swiglu_normal_t128_w256_fp8+weighted_normal_t128_w256_fp8_s3";
   struct Case {
     int tokens;
     RoutingMode routing;
-    float intermediate_scale;   // 0 with `calibrated`: the weights' own static scale
+    float intermediate_scale;   // used when not `calibrated` (the weights' own static scale)
     bool calibrated;
   };
   for (const Case& c : {Case{1000, RoutingMode::kZipf, 0.0f, true}, Case{777, RoutingMode::kExtreme, 0.0f, true},
@@ -384,52 +378,24 @@ TEST(RunnerContract, StaticScaleRequantGivesTheSeparatePassBits) {
     const std::string what = "qwen3-30b-a3b fp8-tensor(static) T=" + std::to_string(c.tokens) + " " +
                              testkit::to_string(c.routing) +
                              (c.calibrated ? std::string() : " intermediate scale " + std::to_string(c.intermediate_scale));
-    const testkit::Stream stream;
-    testkit::LayerInputs inputs = testkit::make_layer_inputs(weights, c.tokens, Entry::kTopK, {c.routing, 1, 9}, stream.get());
-    reference::Routing routing = testkit::host_routing(weights, inputs, stream.get());
-    for (int slot = 5; slot < c.tokens * spec.top_k; slot += 1009) routing.ids[slot] = slot % 2 == 0 ? -1 : spec.num_experts;
-    testkit::copy_to_device(inputs.topk_ids.get(), routing.ids, stream.get());
-    const int zero_token = 3, huge_token = 10;
-    std::vector<std::uint16_t> x = x_host(weights, inputs, stream.get());
-    for (int h = 0; h < spec.hidden; ++h) {
-      x[static_cast<std::size_t>(zero_token) * spec.hidden + h] = 0;
-      x[static_cast<std::size_t>(huge_token) * spec.hidden + h] =
-          reference::float_to_bf16((h % 2 ? 1.0f : -1.0f) * (1.0e4f + 37.0f * h));
-    }
-    testkit::copy_to_device(inputs.x.get(), x, stream.get());
     const DeviceBuffer scale(sizeof(float));
-    testkit::copy_to_device(scale.get(), std::vector<float>{c.intermediate_scale}, stream.get());
-    std::vector<std::uint16_t> outputs[2];
-    for (int separate = 0; separate < 2; ++separate) {
-      if (separate == 1) setenv("HMOE_FUSED_REQUANT", "0", 1);
-      PlanOptions options{c.tokens, Orientation::kAuto, 0, pair};
-      const MoeRunner runner(spec, options);   // reads HMOE_FUSED_REQUANT
-      unsetenv("HMOE_FUSED_REQUANT");
-      EXPECT_EQ(runner.plan_info(c.tokens).fused_requant, separate == 0) << what;
-      const DeviceBuffer workspace(runner.workspace_bytes());
-      const std::size_t out_count = static_cast<std::size_t>(c.tokens) * spec.hidden;
-      const DeviceBuffer out(out_count * sizeof(std::uint16_t));
-      RunArgs args = testkit::run_args(weights, inputs, out.get());
-      ASSERT_NE(args.intermediate_act_scale, nullptr) << what;
-      if (!c.calibrated) args.intermediate_act_scale = scale.as<const float>();
-      args.workspace = workspace.get();
-      args.workspace_size = workspace.bytes();
-      // The workspace poisoned too: the fused run must not lean on a bf16 intermediate or a scale slot it
-      // never wrote.
-      HMOE_CUDA_CHECK(cudaMemsetAsync(workspace.get(), 0xff, workspace.bytes(), stream.get()));
-      testkit::poison_bf16(out.get(), out_count, stream.get());
-      testkit::run_layer(runner, args, inputs, stream.get());
+    {
+      const testkit::Stream stream;
+      testkit::copy_to_device(scale.get(), std::vector<float>{c.intermediate_scale}, stream.get());
       stream.synchronize();
-      outputs[separate] = testkit::copy_to_host<std::uint16_t>(out.get(), out_count, stream.get());
     }
-    EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].size() * sizeof(std::uint16_t)), 0)
-        << what << ": the fused re-quantisation and the separate pass differ";
+    const int zero_token = 3;
+    const FusedAndSeparate run = run_fused_and_separate(
+        weights, pair, 0, c.tokens, c.routing, zero_token, 10, 0xff, [&](const MoeRunner& runner, bool fused, RunArgs& args) {
+          EXPECT_EQ(runner.plan_info(c.tokens).fused_requant, fused) << what;
+          ASSERT_NE(args.intermediate_act_scale, nullptr) << what;
+          if (!c.calibrated) args.intermediate_act_scale = scale.as<const float>();
+        });
+    // (a zero or negative scale has no meaningful output: the bits must agree, nothing more)
+    expect_same_bits_and_zero_token(run, weights.spec, c.calibrated ? zero_token : -1, what);
     if (!c.calibrated) continue;
-    for (int h = 0; h < spec.hidden; ++h)
-      ASSERT_EQ(outputs[0][static_cast<std::size_t>(zero_token) * spec.hidden + h] & 0x7FFF, 0)
-          << what << ": the all-zero token's output at " << h;
-    const testkit::CheckResult result =
-        testkit::compare_with_reference(weights, x, routing, outputs[0], reference_token_budget(spec), 19);
+    const testkit::CheckResult result = testkit::compare_with_reference(weights, run.x, run.routing, run.outputs[0],
+                                                                        reference_token_budget(weights.spec), 19);
     expect_matches_reference(result, what + ", fused");
   }
 }
