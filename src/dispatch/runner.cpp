@@ -90,20 +90,22 @@ std::size_t logits_element_bytes(const MoeSpec& spec) {
 }
 
 // What GEMM1 does for GEMM2's FP8 input (docs/DISPATCH.md, "GEMM1 re-quantises its own output"): writes it
-// as e4m3 itself (the 256-row tiles: block scales, or per-tensor with a static intermediate scale), or
-// keeps the amax a dynamic per-tensor re-quantisation needs (every per-tensor GEMM1); otherwise the separate
-// pass does everything. `fused`: HMOE_FUSED_REQUANT as the runner read it.
+// as e4m3 itself (the 256-row tiles: block scales, or, opted in, per-tensor with a static intermediate scale
+// and whole 128-column groups), or keeps the amax a dynamic per-tensor re-quantisation needs (every
+// per-tensor GEMM1); otherwise the separate pass does everything. `fused`: HMOE_FUSED_REQUANT, `fused_static`:
+// HMOE_STATIC_REQUANT, as the runner read them.
 struct Gemm1Requant {
   bool writes_fp8 = false;
   bool keeps_amax = false;
 };
 
-Gemm1Requant gemm1_requant(const MoeSpec& spec, const gemm::GemmVariant& gemm1, bool fused, bool static_scale) {
+Gemm1Requant gemm1_requant(const MoeSpec& spec, const gemm::GemmVariant& gemm1, bool fused, bool fused_static,
+                           bool static_scale) {
   Gemm1Requant requant;
   if (!fused) return requant;
   if (spec.scheme == QuantScheme::kBlock128) requant.writes_fp8 = gemm1.fused_requant;
   if (spec.scheme == QuantScheme::kPerTensor) {
-    requant.writes_fp8 = static_scale && gemm1.fused_requant;
+    requant.writes_fp8 = static_scale && fused_static && gemm1.fused_requant && spec.intermediate % gemm::kScaleGroup == 0;
     requant.keeps_amax = !static_scale && gemm1.quant == gemm::QuantKind::kEpilogueScale;
   }
   return requant;
@@ -161,6 +163,7 @@ MoeRunner::MoeRunner(const MoeSpec& spec, const PlanOptions& options) : spec_(sp
   overrides_ = dispatch::make_plan_overrides(spec_, options_);
   scatter_x_ = permute::scatter_x_environment();
   fused_requant_ = gemm::fused_requant_environment();
+  static_requant_ = gemm::static_requant_environment();
   if (options.replay_graphs) graphs_ = std::make_shared<dispatch::GraphCache>();
   if (!dispatch::current_device_name().empty()) {
     prepare_kernels();
@@ -337,8 +340,9 @@ PlanInfo MoeRunner::plan_info(int num_tokens) const {
   info.num_chunks = static_cast<int>((static_cast<long long>(tokens) + chunk_tokens_ - 1) / chunk_tokens_);
   info.source = plan.source;
   // As run_experts decides; fp8-tensor's depends on the run's scales, so both are told.
-  info.fused_requant = gemm1_requant(spec_, *plan.gemm1, fused_requant_, /*static_scale=*/true).writes_fp8;
-  info.gemm1_amax = gemm1_requant(spec_, *plan.gemm1, fused_requant_, /*static_scale=*/false).keeps_amax;
+  info.fused_requant =
+      gemm1_requant(spec_, *plan.gemm1, fused_requant_, static_requant_, /*static_scale=*/true).writes_fp8;
+  info.gemm1_amax = gemm1_requant(spec_, *plan.gemm1, fused_requant_, static_requant_, /*static_scale=*/false).keeps_amax;
   const int max_tiles =
       max_token_tiles(static_cast<long long>(std::min(tokens, chunk_tokens_)) * spec_.top_k, spec_.num_experts,
                       plan.token_tile);
@@ -548,7 +552,7 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   float* x_scales = fp8 ? at<float>(args.workspace, layout.x_scales) : nullptr;
   float* intermediate_scales = fp8 ? at<float>(args.workspace, layout.intermediate_scales) : nullptr;
   const Gemm1Requant requant =
-      gemm1_requant(spec_, *plan.gemm1, fused_requant_, args.intermediate_act_scale != nullptr);
+      gemm1_requant(spec_, *plan.gemm1, fused_requant_, static_requant_, args.intermediate_act_scale != nullptr);
   // fp8-tensor with a dynamic intermediate scale: GEMM1's epilogue keeps the amax of its bf16 output in
   // intermediate_scales[1] (gemm::GemmLaunch::out_amax), so the re-quantisation reads that output once
   // instead of twice. The slot is zeroed here, beside x's own amax slot, rather than between GEMM1 and

@@ -219,18 +219,34 @@ struct Epilogue<Config, EpilogueKind::kSwiGlu> {
         divisor = quant::make_divisor(scale);
         if (lane % 4 == 0 && row_valid) args.out_scales[static_cast<long long>(token_row) * groups + group] = scale;
       }
-      const auto quotient = [&](float v) {
-        if constexpr (kStatic) {
-          return quant::divide_static_rn(v, static_divisor);
-        } else {
-          return quant::divide_rn(v, divisor);
+      if constexpr (kStatic) {
+        // quant::divide_static_rn for the thread's 32 values at once: divide_rn for all, and where the scale
+        // or any quotient is outside its conditions (rare), the IEEE division for all — equal wherever
+        // divide_rn is exact — in one branch, not one slow path a value.
+        // NOTE: divide_static_rn a value (a data-dependent __fdiv_rn beside each of the 64 quotients) made
+        // qwen3-30b-a3b fp8-tensor T = 16384 2.0 % slower than the separate pass (docs/PERF.md, 26th session).
+        float quotient[2 * kChunks];
+        bool unusual = !static_divisor.usual;
+        #pragma unroll
+        for (int i = 0; i < 2 * kChunks; ++i) {
+          quotient[i] = quant::divide_rn(value[i], static_divisor.divisor);
+          unusual |= !isfinite(quotient[i]);
         }
-      };
+        if (unusual) {
+          #pragma unroll
+          for (int i = 0; i < 2 * kChunks; ++i) quotient[i] = __fdiv_rn(value[i], static_divisor.scale);
+        }
+        #pragma unroll
+        for (int i = 0; i < 2 * kChunks; ++i) value[i] = quotient[i];
+      } else {
+        #pragma unroll
+        for (int i = 0; i < 2 * kChunks; ++i) value[i] = quant::divide_rn(value[i], divisor);
+      }
       #pragma unroll
       for (int chunk = 0; chunk < kChunks; ++chunk) {
         // x is the low byte: the pair's first column.
-        const __nv_fp8x2_storage_t pair = __nv_cvt_float2_to_fp8x2(
-            make_float2(quotient(value[2 * chunk]), quotient(value[2 * chunk + 1])), __NV_SATFINITE, __NV_E4M3);
+        const __nv_fp8x2_storage_t pair = __nv_cvt_float2_to_fp8x2(make_float2(value[2 * chunk], value[2 * chunk + 1]),
+                                                                   __NV_SATFINITE, __NV_E4M3);
         const int byte = 8 * chunk + 2 * (lane % 4);   // the output column within the group
         if (staged) {
           *reinterpret_cast<__nv_fp8x2_storage_t*>(tile + row * kTileRowBytes + (((byte / 16) ^ (row % 8)) * 16) +

@@ -37,6 +37,11 @@ const GemmVariant* find_gemm_variant(EpilogueKind epilogue, QuantKind quant, boo
 // environment keeps the bf16 output and the separate pass (A/B timing, the bit-identity test). Read by
 // MoeRunner at plan time.
 bool fused_requant_environment();
+// Whether fp8-tensor runs with a static intermediate scale let GEMM1's 256-row tiles write GEMM2's e4m3
+// input (GemmLaunch::out_static_scale): only with HMOE_STATIC_REQUANT=1 in the environment, read when a
+// runner is planned. NOTE: off by default — it measured 1.4–2.0 % slower than the separate pass on
+// qwen3-30b-a3b (H100, docs/PERF.md twenty-sixth session); the batched fallback since is unmeasured.
+bool static_requant_environment();
 
 // How a layer of spec is quantised, as the GEMM variants see it.
 QuantKind quant_kind(const MoeSpec& spec);

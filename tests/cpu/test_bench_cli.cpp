@@ -183,18 +183,26 @@ TEST(BenchCli, ExplainSaysWhereGemm1Requantizes) {
   }
   row = explain(channel);
   EXPECT_FALSE(contains(row, "+requant") || contains(row, "+amax")) << row;
-  // Static fp8-tensor scales: the 256-row tiles write e4m3 under them, no tile keeps an amax.
+  // Static fp8-tensor scales: no tile keeps an amax; the 256-row tiles write e4m3 under them only with
+  // HMOE_STATIC_REQUANT=1, and only where I % 128 == 0.
+  row = explain(tensor_wide + " --static-scales");
+  EXPECT_FALSE(contains(row, "+requant") || contains(row, "+amax")) << row;
+  setenv("HMOE_STATIC_REQUANT", "1", 1);
   row = explain(tensor_wide + " --static-scales");
   EXPECT_TRUE(contains(row, "+requant")) << row;
   EXPECT_FALSE(contains(row, "+amax")) << row;
   row = explain(tensor_swap + " --static-scales");
   EXPECT_FALSE(contains(row, "+requant") || contains(row, "+amax")) << row;
+  const CliResult odd = run_bench("--spec 8,2,256,320 --tokens 4096 --explain " + tensor_wide + " --static-scales");
+  EXPECT_EQ(odd.exit_code, 0) << odd.output;
+  EXPECT_FALSE(contains(plan_column(odd.output), "+requant")) << odd.output;
   setenv("HMOE_FUSED_REQUANT", "0", 1);
   for (const std::string& fused : {wide, tensor_wide, tensor_swap, tensor_wide + " --static-scales"}) {
     row = explain(fused);
     EXPECT_FALSE(contains(row, "+requant") || contains(row, "+amax")) << fused << ": " << row;
   }
   unsetenv("HMOE_FUSED_REQUANT");
+  unsetenv("HMOE_STATIC_REQUANT");
 }
 
 // --fused-decode reaches the runner (PlanOptions::fused_decode): on puts the fused layer at T <= 4
