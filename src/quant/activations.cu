@@ -30,9 +30,10 @@ constexpr int kWarpRowCols = 8 * 4 * 32;   // per-row / per-tensor rows a warp w
 
 // Rows one block quantises: a row takes ⌈groups / kGroupsPerWarp⌉ warps (1×128 groups; all kWarps
 // beyond that, with blockIdx.y walking the rest), or one warp when narrow enough (per row, per tensor).
-// NOTE: with one block per row a narrow row keeps one warp of four busy for two loads (deepseek-v3-tp8's
-// intermediate, I = 256: 65536 blocks at T = 8192), where the pass measured ~4× its bytes' time; whether
-// this layout is why is not yet measured (docs/PERF.md, twenty-fifth session).
+// NOTE: with one block per row a narrow row kept one warp of four busy for two loads (deepseek-v3-tp8's
+// intermediate, I = 256: 65536 blocks at T = 8192), and the pass ran at ~4× its bytes' time; rows sharing
+// a block took deepseek-v3-tp8 fp8-block T = 8192 and qwen3-235b-a22b-tp4 T = 4096 2.4 / 2.3 % faster
+// with the separate pass (H100, docs/PERF.md twenty-sixth session).
 __host__ __device__ constexpr int rows_per_block(Granularity granularity, int cols) {
   if (granularity == Granularity::kGroup128) {
     const int warps = (cols / kGroup + kGroupsPerWarp - 1) / kGroupsPerWarp;
