@@ -500,9 +500,7 @@ int explain(const BenchCommand& command) {
   std::string reason;
   const bool gpu = testkit::hopper_gpu_available(&reason);
   std::printf("layer: %s %s E=%d k=%d H=%d I=%d; orientation %s; batch-invariant %s\n", command.layer_name.c_str(),
-              command.spec.weight_dtype == WeightDType::kFP8E4M3
-                  ? (to_string(command.spec.scheme) + (command.static_scales ? " (static scales)" : "")).c_str()
-                  : "bf16",
+              layer_dtype(command).c_str(),
               command.spec.num_experts, command.spec.top_k, command.spec.hidden, command.spec.intermediate,
               to_string(command.options.orientation).c_str(), command.spec.batch_invariant ? "on" : "off");
   if (gpu) {

@@ -220,24 +220,7 @@ struct Epilogue<Config, EpilogueKind::kSwiGlu> {
         if (lane % 4 == 0 && row_valid) args.out_scales[static_cast<long long>(token_row) * groups + group] = scale;
       }
       if constexpr (kStatic) {
-        // quant::divide_static_rn for the thread's 32 values at once: divide_rn for all, and where the scale
-        // or any quotient is outside its conditions (rare), the IEEE division for all — equal wherever
-        // divide_rn is exact — in one branch, not one slow path a value.
-        // NOTE: divide_static_rn a value (a data-dependent __fdiv_rn beside each of the 64 quotients) made
-        // qwen3-30b-a3b fp8-tensor T = 16384 2.0 % slower than the separate pass (docs/PERF.md, 26th session).
-        float quotient[2 * kChunks];
-        bool unusual = !static_divisor.usual;
-        #pragma unroll
-        for (int i = 0; i < 2 * kChunks; ++i) {
-          quotient[i] = quant::divide_rn(value[i], static_divisor.divisor);
-          unusual |= !isfinite(quotient[i]);
-        }
-        if (unusual) {
-          #pragma unroll
-          for (int i = 0; i < 2 * kChunks; ++i) quotient[i] = __fdiv_rn(value[i], static_divisor.scale);
-        }
-        #pragma unroll
-        for (int i = 0; i < 2 * kChunks; ++i) value[i] = quotient[i];
+        quant::divide_static_rn(value, static_divisor);   // the row half's 32 values, one fallback branch
       } else {
         #pragma unroll
         for (int i = 0; i < 2 * kChunks; ++i) value[i] = quant::divide_rn(value[i], divisor);

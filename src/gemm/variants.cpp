@@ -1,8 +1,6 @@
 // Builds the variant table from the generated list (one entry per generated translation unit).
 #include "gemm/variants.hpp"
 
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -41,10 +39,7 @@ const GemmVariant* find_gemm_variant(EpilogueKind epilogue, QuantKind quant, boo
 
 bool fused_requant_environment() { return environment_switch_on("HMOE_FUSED_REQUANT"); }
 
-bool static_requant_environment() {
-  const char* value = std::getenv("HMOE_STATIC_REQUANT");
-  return value != nullptr && std::strcmp(value, "1") == 0;
-}
+bool static_requant_environment() { return environment_opt_in("HMOE_STATIC_REQUANT"); }
 
 QuantKind quant_kind(const MoeSpec& spec) {
   switch (spec.scheme) {

@@ -50,11 +50,11 @@ __host__ __device__ inline float divide_rn(float value, const Divisor& divisor) 
 
 // value / scale for a scale nobody derived from an amax — fp8-tensor's static intermediate scale, which
 // GEMM1's fused re-quantisation divides by (gemm/epilogue.cuh) and the separate pass divides by with
-// __fdiv_rn: divide_rn where its conditions hold, the IEEE division elsewhere, so the e4m3 byte is the
-// separate pass's for any scale and value. divide_rn's conditions: a scale in (0, 2^126] (a larger one has
-// a subnormal reciprocal, too coarse for the correction step; zero, negative, infinite or NaN ones are
-// the caller's to give) and a finite quotient (values past 448 · scale only saturate, but an infinite
-// value, or a quotient past the float range, makes divide_rn's residual NaN).
+// __fdiv_rn — so that the e4m3 byte is the separate pass's for any scale and value. divide_rn's
+// conditions: a scale in (0, 2^126] (a larger one has a subnormal reciprocal, too coarse for the
+// correction step; zero, negative, infinite or NaN ones are the caller's to give) and a finite quotient
+// (values past 448 · scale only saturate, but an infinite value, or a quotient past the float range,
+// makes divide_rn's residual NaN).
 struct StaticDivisor {
   Divisor divisor;
   float scale;
@@ -66,13 +66,35 @@ __host__ __device__ inline StaticDivisor make_static_divisor(float scale) {
   return StaticDivisor{make_divisor(usual ? scale : 1.0f), scale, usual};
 }
 
-__host__ __device__ inline float divide_static_rn(float value, const StaticDivisor& divisor) {
-  const float q = divide_rn(value, divisor.divisor);
+// Divides `values` in place: divide_rn for all where the scale and every quotient meet its conditions,
+// else the IEEE division for all (equal to divide_rn wherever divide_rn is exact), in one branch.
+// NOTE: the IEEE fallback a value (a data-dependent __fdiv_rn beside each of a thread's 64 quotients) made
+// qwen3-30b-a3b fp8-tensor T = 16384 2.0 % slower than the separate pass (H100, docs/PERF.md 26th session).
+template <int kCount>
+__host__ __device__ inline void divide_static_rn(float (&values)[kCount], const StaticDivisor& divisor) {
+  float quotient[kCount];
+  bool unusual = !divisor.usual;
 #ifdef __CUDA_ARCH__
-  return divisor.usual && isfinite(q) ? q : __fdiv_rn(value, divisor.scale);
-#else
-  return divisor.usual && std::isfinite(q) ? q : value / divisor.scale;
+#pragma unroll
 #endif
+  for (int i = 0; i < kCount; ++i) {
+    quotient[i] = divide_rn(values[i], divisor.divisor);
+#ifdef __CUDA_ARCH__
+    unusual |= !isfinite(quotient[i]);
+#else
+    unusual |= !std::isfinite(quotient[i]);
+#endif
+  }
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+  for (int i = 0; i < kCount; ++i) {
+#ifdef __CUDA_ARCH__
+    values[i] = unusual ? __fdiv_rn(values[i], divisor.scale) : quotient[i];
+#else
+    values[i] = unusual ? values[i] / divisor.scale : quotient[i];
+#endif
+  }
 }
 
 }  // namespace hmoe::quant

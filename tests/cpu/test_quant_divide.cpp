@@ -76,26 +76,39 @@ TEST(QuantDivide, EdgesKeepSignAndRange) {
 // divide_static_rn, for scales a caller gave (fp8-tensor's static intermediate scale): the byte and, where
 // e4m3 can see it, the float of the IEEE division for scales across the whole float range — subnormal, at
 // the 2^-60 and 2^126 boundaries, huge — and the ones divide_rn cannot take (zero, negative, infinite,
-// NaN), against values up to the largest bf16, infinities and NaN.
+// NaN), against values up to the largest bf16, infinities and NaN: each value alone, and in a batch of 32
+// with one value that sends the whole batch to the IEEE division (as GEMM1's epilogue calls it).
 TEST(QuantDivide, StaticScalesMatchTheDivisionForEveryValue) {
   long long checked = 0, inexact_large = 0, e4m3_differs = 0;
+  const auto expect_division = [&](float scale, float value, float got) {
+    const float expected = value / scale;
+    ++checked;
+    if (float_to_e4m3(expected) != float_to_e4m3(got) && ++e4m3_differs <= 5)
+      ADD_FAILURE() << "e4m3 byte differs: scale " << scale << " value " << value;
+    if (std::isfinite(expected) && std::fabs(expected) >= 0x1p-11f && float_bits(expected) != float_bits(got) &&
+        ++inexact_large <= 5)
+      ADD_FAILURE() << "quotient differs: scale " << scale << " value " << value << " expected " << expected
+                    << " got " << got;
+  };
   const auto check_scale = [&](float scale) {
     const StaticDivisor divisor = make_static_divisor(scale);
     const auto check = [&](float value) {
-      const float expected = value / scale, got = divide_static_rn(value, divisor);
-      ++checked;
-      if (float_to_e4m3(expected) != float_to_e4m3(got) && ++e4m3_differs <= 5)
-        ADD_FAILURE() << "e4m3 byte differs: scale " << scale << " value " << value;
-      if (std::isfinite(expected) && std::fabs(expected) >= 0x1p-11f && float_bits(expected) != float_bits(got) &&
-          ++inexact_large <= 5)
-        ADD_FAILURE() << "quotient differs: scale " << scale << " value " << value << " expected " << expected
-                      << " got " << got;
+      float one[1] = {value};
+      divide_static_rn(one, divisor);
+      expect_division(scale, value, one[0]);
     };
     for (std::uint32_t value_bits = 0; value_bits < 0x7f80; value_bits += 13) {
       check(bf16_to_float(value_bits));
       check(-bf16_to_float(value_bits));
     }
     for (float value : {INFINITY, -INFINITY, NAN, 0x1p127f, -0x1p127f, 0.0f, -0.0f}) check(value);
+    for (float odd : {1.0f, INFINITY, 0x1p127f}) {
+      float batch[32], values[32];
+      for (int i = 0; i < 32; ++i) values[i] = batch[i] = bf16_to_float(0x3f80 + 97 * i) * (i % 2 ? -1.0f : 1.0f);
+      values[17] = batch[17] = odd;
+      divide_static_rn(batch, divisor);
+      for (int i = 0; i < 32; ++i) expect_division(scale, values[i], batch[i]);
+    }
   };
   for (std::uint32_t scale_bits = 1; scale_bits < 0x7f800000u; scale_bits += 0x7f8000 / 3 + 17)
     check_scale(std::bit_cast<float>(scale_bits));
