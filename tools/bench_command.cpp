@@ -53,8 +53,9 @@ constexpr const char* kBenchUsage =
     "  --batch-invariant  plan with MoeSpec::batch_invariant (one fixed variant for every T), to measure\n"
     "                 what batch invariance costs\n"
     "  --split-k      ways the Swap-AB GEMMs split K over CTAs: auto (default, hmoe's rule at decode\n"
-    "                 sizes), 1 (never) or N (wherever a Swap-AB variant runs, capped by K); the plan\n"
-    "                 column shows split-K G1/G2 when a GEMM splits\n"
+    "                 sizes), 1 (never) or at most N (wherever a Swap-AB variant runs, capped by K and the\n"
+    "                 split workspace); the plan column shows split-K G1/G2 when a GEMM splits, and\n"
+    "                 \"(asked N)\" when either split fewer ways\n"
     "  --fused-decode the whole layer as one kernel at T <= 4 (PlanOptions::fused_decode): auto (default:\n"
     "                 where this device's tuned table says so), on (wherever it applies) or off; the plan\n"
     "                 column shows \"fused layer\" (HMOE_FUSED_DECODE=1/0 overrides it, as for every runner)\n"
@@ -336,7 +337,7 @@ void print_header(const BenchCommand& command) {
   std::fflush(stdout);
 }
 
-testkit::ReportRow hmoe_report_row(const testkit::BenchRow& row) {
+testkit::ReportRow hmoe_report_row(const testkit::BenchRow& row, int requested_split_k) {
   testkit::ReportRow result;
   result.impl = "hmoe";
   result.num_tokens = row.num_tokens;
@@ -349,7 +350,7 @@ testkit::ReportRow hmoe_report_row(const testkit::BenchRow& row) {
   result.floor_us = row.floor_us;
   result.percent_of_floor = row.percent_of_floor;
   result.experts_hit = row.experts_hit;
-  result.variant = plan_summary(row.plan);
+  result.variant = plan_summary(row.plan, requested_split_k);
   result.variant_source = row.plan.source;
   result.gemm1_kernel = row.plan.gemm1_kernel;
   result.gemm2_kernel = row.plan.gemm2_kernel;
@@ -441,7 +442,7 @@ int sweep(const BenchCommand& command) {
   for (int num_tokens : command.options.token_counts) {
     testkit::BenchOptions options = command.options;
     options.token_counts = {num_tokens};
-    const testkit::ReportRow row = hmoe_report_row(testkit::bench_layer(weights, options).front());
+    const testkit::ReportRow row = hmoe_report_row(testkit::bench_layer(weights, options).front(), options.split_k);
     report.rows.push_back(row);
     std::optional<testkit::ReportRow> peer_row;
     if (cublas) {
@@ -520,7 +521,7 @@ int explain(const BenchCommand& command) {
     const PlanInfo plan = MoeRunner(command.spec, plan_options).plan_info(num_tokens);
     std::printf("%6d %12.2f  %-20s %-28s %-28s %s\n", num_tokens,
                 static_cast<double>(num_tokens) * command.spec.top_k / command.spec.num_experts,
-                (plan_summary(plan) + requant_note(command, plan)).c_str(), plan.gemm1_kernel.c_str(),
+                (plan_summary(plan, command.options.split_k) + requant_note(command, plan)).c_str(), plan.gemm1_kernel.c_str(),
                 plan.gemm2_kernel.c_str(), plan.source.c_str());
   }
   return 0;

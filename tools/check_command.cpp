@@ -27,7 +27,8 @@ constexpr const char* kCheckUsage =
     "  --static-scales  fp8-tensor: static activation scales (vLLM a1_scale/a2_scale) instead of dynamic\n"
     "  --ue8m0        FP8: power-of-two (UE8M0) scales for weights and activations\n"
     "  --split-k      ways the Swap-AB GEMMs split K over CTAs: auto (default, hmoe's rule at decode\n"
-    "                 sizes), 1 (never) or N (wherever a Swap-AB variant runs, capped by K)\n"
+    "                 sizes), 1 (never) or at most N (wherever a Swap-AB variant runs, capped by K and the\n"
+    "                 split workspace; plan= says \"(asked N)\" when a GEMM split fewer ways)\n"
     "  --fused-decode the whole layer as one kernel at T <= 4: auto (default: where this device's tuned\n"
     "                 table says so), on (wherever it applies) or off (PlanOptions::fused_decode)\n"
     "FP8 lines also give the error vs the unquantised bf16 layer (rel_err_bf16), for information\n"
@@ -78,7 +79,7 @@ std::string check_line(const CheckCommand& command, int num_tokens, const testki
   return command.preset_name + " dtype=" + dtype + " T=" + std::to_string(num_tokens) +
          " routing=" + testkit::to_string(command.options.routing) +
          " entry=" + testkit::to_string(command.options.entry) +
-         " orientation=" + to_string(command.options.orientation) + " plan=" + plan_summary(result.plan) +
+         " orientation=" + to_string(command.options.orientation) + " plan=" + plan_summary(result.plan, command.options.split_k) +
          " rel_err=" + rel_error + unquantised + " checked=" + std::to_string(result.tokens_checked) + "/" +
          std::to_string(result.num_tokens) + (result.sampled ? "(sampled)" : "") +
          " unwritten=" + std::to_string(result.unwritten) + " nonfinite=" + std::to_string(result.nonfinite) +

@@ -150,12 +150,15 @@ void apply_dtype(const std::string& dtype, MoeSpec& spec) {
   throw UsageError("--dtype '" + dtype + "': expected bf16, fp8-tensor, fp8-channel or fp8-block");
 }
 
-std::string plan_summary(const PlanInfo& plan) {
+std::string plan_summary(const PlanInfo& plan, int requested_split_k) {
   if (plan.fused_decode) return "fused layer";
   std::string summary =
       to_string(plan.orientation) + " " + std::to_string(plan.weight_tile) + "x" + std::to_string(plan.token_tile);
-  if (plan.gemm1_splits > 1 || plan.gemm2_splits > 1)
+  // --split-k N is a ceiling: K, the split workspace and the orientation may leave a GEMM fewer ways.
+  const bool capped = requested_split_k > 1 && std::min(plan.gemm1_splits, plan.gemm2_splits) < requested_split_k;
+  if (plan.gemm1_splits > 1 || plan.gemm2_splits > 1 || capped)
     summary += " split-K " + std::to_string(plan.gemm1_splits) + "/" + std::to_string(plan.gemm2_splits);
+  if (capped) summary += " (asked " + std::to_string(requested_split_k) + ")";
   return summary;
 }
 

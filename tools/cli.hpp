@@ -65,8 +65,9 @@ inline constexpr const char* kDtypeHelp =
     "                 fp8-channel (per-channel weights x per-token activations), fp8-block (128x128 weight\n"
     "                 blocks x 1x128 activation groups)\n";
 
-// "<orientation> <weight_tile>x<token_tile>", e.g. "swap 64x16".
-std::string plan_summary(const PlanInfo& plan);
+// "swap 64x8 split-K 4/1": orientation, weight x token tile, K splits of GEMM1/GEMM2 when either splits;
+// with requested_split_k > 1 (--split-k N) also where either GEMM split fewer ways than asked, "(asked N)".
+std::string plan_summary(const PlanInfo& plan, int requested_split_k = 0);
 // The one line a GPU command prints (to stderr) when this machine cannot run it.
 bool report_if_no_hopper_gpu(const std::string& command);
 

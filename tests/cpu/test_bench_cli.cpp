@@ -205,6 +205,37 @@ TEST(BenchCli, ExplainSaysWhereGemm1Requantizes) {
   unsetenv("HMOE_STATIC_REQUANT");
 }
 
+// --split-k N is a ceiling (PlanOptions::split_k): where a GEMM splits fewer ways than asked -- too many
+// output tiles for the partials buffer (qwen3-30b-a3b T = 7), too short a K (its GEMM2 at T = 1), the
+// normal orientation (T = 4096) -- the plan column says "(asked N)"; where both reach N, and without
+// --split-k, it does not.
+TEST(BenchCli, SplitKSaysWhereItWasCapped) {
+  const auto plan_row = [](const std::string& arguments, int tokens) {
+    const CliResult result = run_bench("--model qwen3-30b-a3b --tokens 1,7,4096 --explain " + arguments);
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    char prefix[16];
+    std::snprintf(prefix, sizeof(prefix), "\n%6d ", tokens);
+    const std::size_t at = result.output.find(prefix);
+    EXPECT_NE(at, std::string::npos) << result.output;
+    return at == std::string::npos ? std::string()
+                                   : result.output.substr(at + 1, result.output.find('\n', at + 1) - at - 1);
+  };
+  EXPECT_TRUE(contains(plan_row("--split-k 4", 1), "split-K 4/1 (asked 4)")) << plan_row("--split-k 4", 1);
+  EXPECT_TRUE(contains(plan_row("--split-k 4", 7), "split-K 1/1 (asked 4)")) << plan_row("--split-k 4", 7);
+  EXPECT_TRUE(contains(plan_row("--split-k 4", 4096), "normal 256x128 split-K 1/1 (asked 4)"))
+      << plan_row("--split-k 4", 4096);
+  for (const std::string& arguments : {std::string(), std::string("--split-k 1"), std::string("--split-k auto")})
+    for (int tokens : {1, 7, 4096}) {
+      const std::string row = plan_row(arguments, tokens);
+      EXPECT_FALSE(contains(row, "asked")) << arguments << " T=" << tokens << ": " << row;
+    }
+  // Both GEMMs reach the count asked (olmoe-1b-7b at T = 1: few tiles, K = 2048 and 1024):
+  const CliResult both = run_bench("--model olmoe-1b-7b --tokens 1 --explain --split-k 2");
+  EXPECT_EQ(both.exit_code, 0) << both.output;
+  EXPECT_TRUE(contains(both.output, "split-K 2/2")) << both.output;
+  EXPECT_FALSE(contains(both.output, "asked")) << both.output;
+}
+
 // --fused-decode reaches the runner (PlanOptions::fused_decode): on puts the fused layer at T <= 4
 // with "option" as who chose it, off and auto without a table never; bad values and combinations
 // are usage errors.
