@@ -521,8 +521,8 @@ int explain(const BenchCommand& command) {
     const PlanInfo plan = MoeRunner(command.spec, plan_options).plan_info(num_tokens);
     std::printf("%6d %12.2f  %-20s %-28s %-28s %s\n", num_tokens,
                 static_cast<double>(num_tokens) * command.spec.top_k / command.spec.num_experts,
-                (plan_summary(plan, command.options.split_k) + requant_note(command, plan)).c_str(), plan.gemm1_kernel.c_str(),
-                plan.gemm2_kernel.c_str(), plan.source.c_str());
+                (plan_summary(plan, command.options.split_k) + requant_note(command, plan)).c_str(),
+                plan.gemm1_kernel.c_str(), plan.gemm2_kernel.c_str(), plan.source.c_str());
   }
   return 0;
 }

@@ -79,7 +79,8 @@ std::string check_line(const CheckCommand& command, int num_tokens, const testki
   return command.preset_name + " dtype=" + dtype + " T=" + std::to_string(num_tokens) +
          " routing=" + testkit::to_string(command.options.routing) +
          " entry=" + testkit::to_string(command.options.entry) +
-         " orientation=" + to_string(command.options.orientation) + " plan=" + plan_summary(result.plan, command.options.split_k) +
+         " orientation=" + to_string(command.options.orientation) +
+         " plan=" + plan_summary(result.plan, command.options.split_k) +
          " rel_err=" + rel_error + unquantised + " checked=" + std::to_string(result.tokens_checked) + "/" +
          std::to_string(result.num_tokens) + (result.sampled ? "(sampled)" : "") +
          " unwritten=" + std::to_string(result.unwritten) + " nonfinite=" + std::to_string(result.nonfinite) +
