@@ -33,6 +33,15 @@ using CliResult = hmoe::test::CommandResult;
 
 CliResult run_bench(const std::string& arguments) { return hmoe::test::run_cli("bench " + arguments); }
 
+// The row `hmoe bench --explain` printed for T = tokens (it starts with T right-aligned in 6 columns), or ""
+// where there is none.
+std::string explain_row(const std::string& output, int tokens) {
+  char prefix[16];
+  std::snprintf(prefix, sizeof(prefix), "\n%6d ", tokens);
+  const std::size_t at = output.find(prefix);
+  return at == std::string::npos ? std::string() : output.substr(at + 1, output.find('\n', at + 1) - at - 1);
+}
+
 // One error line ("hmoe bench: ..." naming the problem), then the usage; exit 2.
 void expect_usage_error(const std::string& arguments, const std::string& message_part) {
   const CliResult result = run_bench(arguments);
@@ -128,11 +137,8 @@ TEST(BenchCli, VariantOptionForcesThePairAtEveryT) {
   const CliResult result = run_bench("--model qwen3-30b-a3b --tokens 1,64,4096 --explain --variant " + pair);
   ASSERT_EQ(result.exit_code, 0) << result.output;
   for (int tokens : {1, 64, 4096}) {
-    char prefix[16];
-    std::snprintf(prefix, sizeof(prefix), "\n%6d ", tokens);
-    const std::size_t at = result.output.find(prefix);
-    ASSERT_NE(at, std::string::npos) << tokens << "\n" << result.output;
-    const std::string row = result.output.substr(at + 1, result.output.find('\n', at + 1) - at - 1);
+    const std::string row = explain_row(result.output, tokens);
+    ASSERT_FALSE(row.empty()) << tokens << "\n" << result.output;
     EXPECT_TRUE(contains(row, "swiglu_normal_t64_w128 ")) << row;
     EXPECT_TRUE(contains(row, "weighted_normal_t64_w128 ")) << row;
     EXPECT_TRUE(contains(row, "forced")) << row;
@@ -157,9 +163,9 @@ TEST(BenchCli, VariantOptionForcesThePairAtEveryT) {
 // fp8-tensor GEMM1, no fp8-channel or fp8-block one. HMOE_FUSED_REQUANT=0 (read at plan time) turns both off.
 TEST(BenchCli, ExplainSaysWhereGemm1Requantizes) {
   const auto plan_column = [](const std::string& output) {
-    const std::size_t at = output.find("\n  4096 ");
-    EXPECT_NE(at, std::string::npos) << output;
-    return at == std::string::npos ? std::string() : output.substr(at + 1, output.find('\n', at + 1) - at - 1);
+    const std::string row = explain_row(output, 4096);
+    EXPECT_FALSE(row.empty()) << output;
+    return row;
   };
   const auto explain = [&](const std::string& arguments) {
     const CliResult result = run_bench("--model qwen3-30b-a3b --tokens 4096 --explain " + arguments);
@@ -213,12 +219,9 @@ TEST(BenchCli, SplitKSaysWhereItWasCapped) {
   const auto plan_row = [](const std::string& arguments, int tokens) {
     const CliResult result = run_bench("--model qwen3-30b-a3b --tokens 1,7,4096 --explain " + arguments);
     EXPECT_EQ(result.exit_code, 0) << result.output;
-    char prefix[16];
-    std::snprintf(prefix, sizeof(prefix), "\n%6d ", tokens);
-    const std::size_t at = result.output.find(prefix);
-    EXPECT_NE(at, std::string::npos) << result.output;
-    return at == std::string::npos ? std::string()
-                                   : result.output.substr(at + 1, result.output.find('\n', at + 1) - at - 1);
+    const std::string row = explain_row(result.output, tokens);
+    EXPECT_FALSE(row.empty()) << result.output;
+    return row;
   };
   EXPECT_TRUE(contains(plan_row("--split-k 4", 1), "split-K 4/1 (asked 4)")) << plan_row("--split-k 4", 1);
   EXPECT_TRUE(contains(plan_row("--split-k 4", 7), "split-K 1/1 (asked 4)")) << plan_row("--split-k 4", 7);
@@ -241,24 +244,18 @@ TEST(BenchCli, SplitKSaysWhereItWasCapped) {
 // are usage errors.
 TEST(BenchCli, FusedDecodeOptionReachesThePlan) {
   if (std::getenv("HMOE_FUSED_DECODE") != nullptr) GTEST_SKIP() << "HMOE_FUSED_DECODE is set: it overrides the plans";
-  const auto row = [](const std::string& output, int tokens) {
-    char prefix[16];
-    std::snprintf(prefix, sizeof(prefix), "%6d ", tokens);
-    const std::size_t at = output.find(std::string("\n") + prefix);
-    return at == std::string::npos ? std::string() : output.substr(at + 1, output.find('\n', at + 1) - at - 1);
-  };
   CliResult result = run_bench("--model qwen3-30b-a3b --tokens 1,4,5 --explain --fused-decode on");
   ASSERT_EQ(result.exit_code, 0) << result.output;
   for (int tokens : {1, 4}) {
-    EXPECT_TRUE(contains(row(result.output, tokens), "fused layer")) << tokens << "\n" << result.output;
-    EXPECT_TRUE(contains(row(result.output, tokens), "option")) << tokens << "\n" << result.output;
+    EXPECT_TRUE(contains(explain_row(result.output, tokens), "fused layer")) << tokens << "\n" << result.output;
+    EXPECT_TRUE(contains(explain_row(result.output, tokens), "option")) << tokens << "\n" << result.output;
   }
-  EXPECT_FALSE(contains(row(result.output, 5), "fused layer")) << result.output;
-  EXPECT_FALSE(row(result.output, 5).empty()) << result.output;
+  EXPECT_FALSE(contains(explain_row(result.output, 5), "fused layer")) << result.output;
+  EXPECT_FALSE(explain_row(result.output, 5).empty()) << result.output;
   result = run_bench("--model qwen3-30b-a3b --tokens 1 --explain --fused-decode off");
   ASSERT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_FALSE(contains(row(result.output, 1), "fused layer")) << result.output;
-  EXPECT_FALSE(row(result.output, 1).empty()) << result.output;
+  EXPECT_FALSE(contains(explain_row(result.output, 1), "fused layer")) << result.output;
+  EXPECT_FALSE(explain_row(result.output, 1).empty()) << result.output;
   expect_usage_error("--model qwen3-30b-a3b --fused-decode yes", "--fused-decode 'yes': expected auto, on or off");
   expect_usage_error("--model qwen3-30b-a3b --skip gemm1 --fused-decode on", "--fused-decode on");
   expect_usage_error("--model qwen3-30b-a3b --host-overhead --fused-decode on", "--fused-decode");
