@@ -523,16 +523,29 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   if (gemm1_splits > 1 || gemm2_splits > 1) {
     split_partials = at<float>(args.workspace, layout.split_partials);
     split_counters = at<int>(args.workspace, layout.split_counters);
-    buffers.split_counters = split_counters;
-    buffers.split_counter_count = gemm::kSplitCounters;
+    buffers.zeroed.counters = split_counters;
+    buffers.zeroed.counter_count = gemm::kSplitCounters;
   }
+  float* x_scales = fp8 ? at<float>(args.workspace, layout.x_scales) : nullptr;
+  float* intermediate_scales = fp8 ? at<float>(args.workspace, layout.intermediate_scales) : nullptr;
+  const Gemm1Requant requant =
+      gemm1_requant(spec_, *plan.gemm1, fused_requant_, static_requant_, args.intermediate_act_scale != nullptr);
+  // Dynamic fp8-tensor scales: the amax slots of x and of the intermediate (GEMM1's epilogue keeps the amax
+  // of its bf16 output there with requant.keeps_amax, gemm::GemmLaunch::out_amax, so the re-quantisation
+  // reads that output once instead of twice; else the amax pass before it) are zeroed by the permute
+  // stage's kernels, not by two memsets of their own.
+  const bool permute_runs = !skips(kStagePermute);
+  const bool tensor_scales = fp8 && spec_.scheme == QuantScheme::kPerTensor;
+  if (permute_runs && tensor_scales && args.act_scale == nullptr) buffers.zeroed.amax[0] = x_scales + 1;
+  if (permute_runs && tensor_scales && args.intermediate_act_scale == nullptr)
+    buffers.zeroed.amax[1] = intermediate_scales + 1;
   // Prefill: x rows read once per token, not once per (token, slot) (permute::scatter_x_rows).
   const bool per_token = scatter_x_ && permute::scatter_x_rows(tokens, spec_.top_k);
   const permute::GatherX gather = gemm_gathers || fp8 ? permute::GatherX::kNone
                                   : per_token         ? permute::GatherX::kPerToken
                                                       : permute::GatherX::kPerRow;
   if (router_logits != nullptr && gather == permute::GatherX::kNone && permute::route_permute_applies(spec_, tokens) &&
-      !skips(kStageRouting) && !skips(kStagePermute)) {
+      !skips(kStageRouting) && permute_runs) {
     // Decode sizes: routing and permute in one launch (the routing stage's bits, one kernel fewer).
     permute::launch_route_permute(spec_, router_logits, args.weights.correction_bias, tokens,
                                   at<int>(args.workspace, layout.topk_ids), at<float>(args.workspace, layout.topk_weights),
@@ -542,22 +555,16 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
       routing::launch_topk(spec_, router_logits, args.weights.correction_bias, tokens,
                            at<int>(args.workspace, layout.topk_ids), at<float>(args.workspace, layout.topk_weights),
                            stream);
-    if (!skips(kStagePermute))
+    if (permute_runs)
       permute::launch_permute(topk_ids, topk_weights, args.x, tokens, spec_.top_k, spec_.num_experts, spec_.hidden,
                               plan.token_tile, gather, buffers, args.invalid_id_count, stream, pdl);
   }
   void* sorted_rows = buffers.sorted_x;
   // The valid expert-sorted rows: (token, slot) pairs with an id in [0, E).
   const int* valid_rows = buffers.expert_offsets + spec_.num_experts;
-  float* x_scales = fp8 ? at<float>(args.workspace, layout.x_scales) : nullptr;
-  float* intermediate_scales = fp8 ? at<float>(args.workspace, layout.intermediate_scales) : nullptr;
-  const Gemm1Requant requant =
-      gemm1_requant(spec_, *plan.gemm1, fused_requant_, static_requant_, args.intermediate_act_scale != nullptr);
-  // fp8-tensor with a dynamic intermediate scale: GEMM1's epilogue keeps the amax of its bf16 output in
-  // intermediate_scales[1] (gemm::GemmLaunch::out_amax), so the re-quantisation reads that output once
-  // instead of twice. The slot is zeroed here, beside x's own amax slot, rather than between GEMM1 and
-  // the kernel before it (the programmatic launch of GEMM1 needs a kernel just before it).
-  if (requant.keeps_amax) HMOE_CUDA_CHECK(cudaMemsetAsync(intermediate_scales + 1, 0, sizeof(float), stream));
+  // (a timing run that skips the permute stage zeroes GEMM1's slot itself, before the kernels)
+  if (!permute_runs && requant.keeps_amax)
+    HMOE_CUDA_CHECK(cudaMemsetAsync(intermediate_scales + 1, 0, sizeof(float), stream));
   if (fp8) {
     // FP8: the gather quantises each x row into the sorted rows (one read of x, one e4m3 write).
     quant::ActivationRows rows;
@@ -567,6 +574,7 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
     rows.max_rows = entries;
     rows.cols = spec_.hidden;
     rows.amax_rows = tokens;
+    rows.amax_zeroed = permute_runs;
     if (per_token) {
       rows.slot_rows = buffers.slot_rows;
       rows.top_k = spec_.top_k;
@@ -623,6 +631,7 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
     rows.max_rows = entries;
     rows.cols = spec_.intermediate;
     rows.amax_ready = requant.keeps_amax;
+    rows.amax_zeroed = permute_runs;
     if (!skips(kStageRequantize))
       quant::launch_quantize_rows(spec_, rows, args.intermediate_act_scale, at<void>(args.workspace, layout.intermediate_fp8),
                                   intermediate_scales, stream, pdl);

@@ -33,8 +33,10 @@ __global__ void count_experts_kernel(const int* __restrict__ topk_ids, int entri
 
 __global__ void __launch_bounds__(kScanThreads) build_work_list_kernel(
     const int* __restrict__ expert_counts, int experts, int token_tile, int* __restrict__ expert_cursor,
-    int* __restrict__ expert_offsets, int* __restrict__ num_tiles, TokenTile* __restrict__ tiles) {
+    int* __restrict__ expert_offsets, int* __restrict__ num_tiles, TokenTile* __restrict__ tiles,
+    ZeroedSlots zeroed) {
   pdl_start();
+  zero_slots(zeroed);
   const int e = threadIdx.x;
   const int row_offset =
       plan_tiles(e < experts ? expert_counts[e] : 0, experts, token_tile, expert_offsets, num_tiles, tiles);
@@ -47,10 +49,10 @@ __global__ void __launch_bounds__(kScanThreads) permute_single_block_kernel(
     const int* __restrict__ topk_ids, const float* __restrict__ topk_weights, int entries, int top_k, int experts,
     int token_tile, int* __restrict__ expert_offsets, int* __restrict__ num_tiles, TokenTile* __restrict__ tiles,
     int* __restrict__ slot_rows, float* __restrict__ row_weights, int* __restrict__ sorted_tokens,
-    int* __restrict__ invalid_id_count, int* __restrict__ split_counters, int split_counter_count) {
+    int* __restrict__ invalid_id_count, ZeroedSlots zeroed) {
   pdl_start();
   permute_block(topk_ids, topk_weights, entries, top_k, experts, token_tile, expert_offsets, num_tiles, tiles,
-                slot_rows, row_weights, sorted_tokens, invalid_id_count, split_counters, split_counter_count);
+                slot_rows, row_weights, sorted_tokens, invalid_id_count, zeroed);
 }
 
 // One thread per (token, slot): claim a row of its expert and record which token fills it.
@@ -127,18 +129,17 @@ void launch_permute(const int* topk_ids, const float* topk_weights, const void* 
     launch_kernel(pdl, permute_single_block_kernel, 1, kScanThreads, 0, stream,
         topk_ids, topk_weights, entries, top_k, experts, token_tile, buffers.expert_offsets, buffers.num_tiles,
         buffers.tiles, buffers.slot_rows, buffers.row_weights, buffers.sorted_tokens, invalid_id_count,
-        buffers.split_counters, buffers.split_counters != nullptr ? buffers.split_counter_count : 0);
+        buffers.zeroed);
   } else {
-    if (buffers.split_counters != nullptr)
-      HMOE_CUDA_CHECK(cudaMemsetAsync(buffers.split_counters, 0, sizeof(int) * buffers.split_counter_count, stream));
-    // Of the stage's own counters only expert_counts needs zeroing (the others are written whole).
+    // Of the stage's own counters only expert_counts needs zeroing (the others are written whole); the
+    // work-list kernel zeroes buffers.zeroed.
     HMOE_CUDA_CHECK(cudaMemsetAsync(buffers.expert_counts, 0, sizeof(int) * experts, stream));
     const int count_blocks = std::min((entries + 255) / 256, 264);
     launch_kernel(pdl, count_experts_kernel, count_blocks, 256, sizeof(int) * experts, stream,
         topk_ids, entries, experts, buffers.expert_counts, invalid_id_count);
     launch_kernel(pdl, build_work_list_kernel, 1, kScanThreads, 0, stream, buffers.expert_counts, experts, token_tile,
                                                            buffers.expert_cursor, buffers.expert_offsets,
-                                                           buffers.num_tiles, buffers.tiles);
+                                                           buffers.num_tiles, buffers.tiles, buffers.zeroed);
     launch_kernel(pdl, assign_rows_kernel, (entries + 255) / 256, 256, 0, stream, topk_ids, topk_weights, entries, top_k, experts,
                                                                    buffers.expert_cursor, buffers.slot_rows,
                                                                    buffers.row_weights, buffers.sorted_tokens);

@@ -10,6 +10,15 @@
 
 namespace hmoe::permute {
 
+// Device slots the later stages accumulate into with atomics, zeroed by the permute stage's own kernels
+// so that a layer enqueues no memset for them: the GEMMs' split-K counters, and the dynamic fp8-tensor amax
+// slots (x's, and GEMM1's output's when its epilogue keeps the amax). Null pointers are skipped.
+struct ZeroedSlots {
+  int* counters = nullptr;   // [counter_count]
+  int counter_count = 0;
+  float* amax[2] = {nullptr, nullptr};
+};
+
 struct PermuteBuffers {
   int* expert_counts;       // [E], zeroed by launch_permute
   int* expert_cursor;       // [E]
@@ -20,8 +29,7 @@ struct PermuteBuffers {
   float* row_weights;       // [T·k]: routing weight of each sorted row
   int* sorted_tokens;       // [T·k]: token of each sorted row
   void* sorted_x;           // [T·k, H] bf16: x rows in expert-sorted order (GEMM1's token operand)
-  int* split_counters = nullptr;   // [split_counter_count], zeroed when given (the GEMMs' split along K)
-  int split_counter_count = 0;
+  ZeroedSlots zeroed;        // zeroed by the stage's kernels for the stages after it
 };
 
 // Up to this many (token, slot) pairs one block does the whole stage (T ≤ 1024 at k = 8); above it
@@ -49,7 +57,8 @@ inline bool scatter_x_rows(int num_tokens, int top_k) {
 }
 bool scatter_x_environment();
 
-// Enqueues the stage: one launch up to kSingleBlockEntries (token, slot) pairs, four above, plus
+// Enqueues the stage: one launch up to kSingleBlockEntries (token, slot) pairs; above, a memset of
+// expert_counts and three launches (the work-list kernel zeroes buffers.zeroed); plus
 // the gather of x into sorted_x as `gather` says. x rows are 16-byte aligned (H % 8 == 0). pdl: its
 // kernels may launch while the kernel before them on the stream finishes (common/launch.cuh).
 void launch_permute(const int* topk_ids, const float* topk_weights, const void* x, int num_tokens, int top_k,

@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(kScanThreads) route_permute_kernel(
     int* __restrict__ topk_ids, float* __restrict__ topk_weights, int token_tile, int* __restrict__ expert_offsets,
     int* __restrict__ num_tiles, TokenTile* __restrict__ tiles, int* __restrict__ slot_rows,
     float* __restrict__ row_weights, int* __restrict__ sorted_tokens, int* __restrict__ invalid_id_count,
-    int* __restrict__ split_counters, int split_counter_count) {
+    ZeroedSlots zeroed) {
   pdl_start();
   __shared__ float staged_choice[kGrouped ? kRoutePermuteTokens : 1][kGrouped ? kPerLane * 32 : 1];
   __shared__ float2 staged_top2[kGrouped ? kRoutePermuteTokens : 1][32];
@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kScanThreads) route_permute_kernel(
   __syncthreads();   // the block's global writes above are visible to all its threads
   permute_block(topk_ids, topk_weights, route.num_tokens * route.top_k, route.top_k, route.experts, token_tile,
                 expert_offsets, num_tiles, tiles, slot_rows, row_weights, sorted_tokens, invalid_id_count,
-                split_counters, split_counter_count);
+                zeroed);
 }
 
 template <int kPerLane, typename Logit, bool kGrouped>
@@ -66,7 +66,7 @@ void launch_for(const void* logits, const float* correction_bias, const RouteArg
   launch_kernel(false, kernel, 1, kScanThreads, 0, stream, static_cast<const Logit*>(logits), correction_bias, route,
                 topk_ids, topk_weights, token_tile, buffers.expert_offsets, buffers.num_tiles, buffers.tiles,
                 buffers.slot_rows, buffers.row_weights, buffers.sorted_tokens, invalid_id_count,
-                buffers.split_counters, buffers.split_counters != nullptr ? buffers.split_counter_count : 0);
+                buffers.zeroed);
 }
 
 template <typename Logit, bool kGrouped>

@@ -4,6 +4,7 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include "permute/permute.hpp"
 #include "permute/work_list.hpp"
 
 namespace hmoe::permute {
@@ -46,17 +47,22 @@ __device__ int plan_tiles(int count, int experts, int token_tile, int* __restric
   return row_offset;
 }
 
+// Zeroes the slots the later stages accumulate into (ZeroedSlots), by the threads of one block.
+__device__ void zero_slots(const ZeroedSlots& slots) {
+  for (int i = threadIdx.x; i < slots.counter_count; i += blockDim.x) slots.counters[i] = 0;
+  if (threadIdx.x < 2 && slots.amax[threadIdx.x] != nullptr) *slots.amax[threadIdx.x] = 0.0f;
+}
+
 // The whole permute stage for `entries` (token, slot) pairs, by all kScanThreads threads of one block:
-// zeroes the split counters, counts, plans the tiles and assigns every pair its row.
+// zeroes `zeroed`, counts, plans the tiles and assigns every pair its row.
 __device__ void permute_block(const int* __restrict__ topk_ids, const float* __restrict__ topk_weights, int entries,
                               int top_k, int experts, int token_tile, int* __restrict__ expert_offsets,
                               int* __restrict__ num_tiles, TokenTile* __restrict__ tiles, int* __restrict__ slot_rows,
                               float* __restrict__ row_weights, int* __restrict__ sorted_tokens,
-                              int* __restrict__ invalid_id_count, int* __restrict__ split_counters,
-                              int split_counter_count) {
+                              int* __restrict__ invalid_id_count, const ZeroedSlots& zeroed) {
   __shared__ int counts[kScanThreads];
   counts[threadIdx.x] = 0;
-  for (int i = threadIdx.x; i < split_counter_count; i += kScanThreads) split_counters[i] = 0;
+  zero_slots(zeroed);
   __syncthreads();
   int invalid = 0;
   for (int i = threadIdx.x; i < entries; i += kScanThreads) {

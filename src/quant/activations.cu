@@ -204,7 +204,7 @@ void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const
       break;
     case QuantScheme::kPerTensor:
       if (static_scale == nullptr && !rows.amax_ready) {
-        HMOE_CUDA_CHECK(cudaMemsetAsync(scales + 1, 0, sizeof(float), stream));
+        if (!rows.amax_zeroed) HMOE_CUDA_CHECK(cudaMemsetAsync(scales + 1, 0, sizeof(float), stream));
         const long long max_quads = static_cast<long long>(rows.amax_rows > 0 ? rows.amax_rows : rows.max_rows) * rows.cols / 4;
         const int blocks = static_cast<int>(std::clamp<long long>((max_quads + kThreads * 8 - 1) / (kThreads * 8), 1, 1056));
         launch_kernel(pdl, amax_kernel, blocks, kThreads, 0, stream, static_cast<const __nv_bfloat16*>(rows.source),

@@ -20,6 +20,9 @@ struct ActivationRows {
   // Per-tensor dynamic scales: scales[1] already holds the amax of the source rows (GEMM1 kept it:
   // gemm::GemmLaunch::out_amax), so no zeroing and no amax pass are enqueued.
   bool amax_ready = false;
+  // Per-tensor dynamic scales: scales[1] was zeroed earlier on the stream (the permute stage does it:
+  // permute::ZeroedSlots), so the amax pass runs without a memset before it.
+  bool amax_zeroed = false;
   // Per-token scatter (prefill, permute::scatter_x_rows): when set, each of `tokens` source rows is
   // read once and its e4m3 row and scales are written to its top_k rows slot_rows[token·top_k + s]
   // (−1: an invalid id, no row); source_row and num_rows are then unused. The bytes are the same as
@@ -32,8 +35,8 @@ struct ActivationRows {
 // Writes e4m3 rows [max_rows, cols] to values (rows ≥ *num_rows untouched) and the scales the GEMM
 // reads: per 1×128 group [rows, cols/128] (fp8-block), per row [rows] (fp8-channel), or for
 // fp8-tensor scales[0] = the scale (static_scale when given, else from the amax kept in scales[1]).
-// Enqueues 1 kernel (3 launches for dynamic per-tensor: zero, amax, quantise; 1 with amax_ready); pdl
-// as in common/launch.cuh.
+// Enqueues 1 kernel (3 launches for dynamic per-tensor: zero, amax, quantise; 2 with amax_zeroed; 1
+// with amax_ready); pdl as in common/launch.cuh.
 void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const float* static_scale, void* values,
                           float* scales, cudaStream_t stream, bool pdl = false);
 

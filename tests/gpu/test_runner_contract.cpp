@@ -639,5 +639,85 @@ TEST(RunnerContract, GraphReplaysSeeNewInputValues) {
   }
 }
 
+// Where the permute stage is one kernel (single block, or routing + permute fused), a layer enqueues no
+// memset: that kernel zeroes what the later stages accumulate into with atomics (permute::ZeroedSlots: the
+// dynamic fp8-tensor amax slots of x and of the intermediate, the split-K counters); above
+// kSingleBlockEntries pairs one memset is left (the multi-block count's expert_counts), and the work-list
+// kernel zeroes the slots. The workspace is poisoned with 0x7F bytes (3.4e38 as a float: an amax slot left
+// unzeroed makes a scale that flushes every value to zero; a split counter left unzeroed never completes
+// its sum): the output must be the bits of a run on a zeroed workspace and match the reference.
+TEST(RunnerContract, PermuteZeroesTheTensorAmaxSlots) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  struct Case {
+    const char* preset;
+    int tokens;
+    Entry entry;
+    int split_k;
+    const char* pair;   // "" : the tuned table's
+    std::size_t memsets;
+  };
+  // (qwen3-30b-a3b T = 1100: 8800 pairs, the multi-block stage; deepseek-v3-tp8 T = 2 splits K 4 ways)
+  const char* swap_pair = "swiglu_swap_t16_w64_fp8+weighted_swap_t16_w64_fp8";
+  for (const Case& c : {Case{"qwen3-30b-a3b", 1, Entry::kLogits, 0, "", 0}, Case{"qwen3-30b-a3b", 7, Entry::kTopK, 0, "", 0},
+                        Case{"qwen3-30b-a3b", 300, Entry::kTopK, 0, "", 0},
+                        Case{"qwen3-30b-a3b", 1100, Entry::kTopK, 0, "", 1},
+                        Case{"deepseek-v3-tp8", 2, Entry::kLogits, 4, swap_pair, 0}}) {
+    const testkit::LayerWeights& weights = cached_fp8_weights(c.preset, QuantScheme::kPerTensor);
+    const std::string what = std::string(c.preset) + " fp8-tensor T=" + std::to_string(c.tokens) +
+                             (c.entry == Entry::kLogits ? " from logits" : " from top-k");
+    const testkit::Stream stream;
+    const testkit::LayerInputs inputs =
+        testkit::make_layer_inputs(weights, c.tokens, c.entry, {RoutingMode::kZipf, 1, 23}, stream.get());
+    PlanOptions options{c.tokens, Orientation::kAuto, 0, c.pair};
+    options.split_k = c.split_k;
+    options.fused_decode = FusedDecode::kOff;
+    const MoeRunner runner(weights.spec, options);
+    const PlanInfo plan = runner.plan_info(c.tokens);
+    EXPECT_FALSE(plan.fused_decode) << what;
+    EXPECT_EQ(plan.gemm1_splits > 1, c.split_k > 1) << what;
+    const DeviceBuffer workspace(runner.workspace_bytes());
+    const std::size_t out_count = static_cast<std::size_t>(c.tokens) * weights.spec.hidden;
+    const DeviceBuffer out(out_count * sizeof(std::uint16_t));
+    RunArgs args = testkit::run_args(weights, inputs, out.get());
+    args.workspace = workspace.get();
+    args.workspace_size = workspace.bytes();
+    ASSERT_EQ(args.act_scale, nullptr) << what << ": the dynamic scales are under test";
+    ASSERT_EQ(args.intermediate_act_scale, nullptr) << what;
+
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    testkit::run_layer(runner, args, inputs, stream.get());
+    ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess) << what;
+    std::size_t count = 0;
+    ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &count), cudaSuccess);
+    std::vector<cudaGraphNode_t> nodes(count);
+    ASSERT_EQ(cudaGraphGetNodes(graph, nodes.data(), &count), cudaSuccess);
+    std::size_t memsets = 0;
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type{};
+      ASSERT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
+      if (type == cudaGraphNodeTypeMemset) ++memsets;
+    }
+    cudaGraphDestroy(graph);
+    EXPECT_EQ(memsets, c.memsets) << what << ": memset nodes in the layer's graph";
+
+    std::vector<std::uint16_t> outputs[2];
+    for (const int poison : {0x7F, 0x00}) {
+      HMOE_CUDA_CHECK(cudaMemsetAsync(workspace.get(), poison, workspace.bytes(), stream.get()));
+      testkit::poison_bf16(out.get(), out_count, stream.get());
+      testkit::run_layer(runner, args, inputs, stream.get());
+      stream.synchronize();
+      outputs[poison == 0 ? 1 : 0] = testkit::copy_to_host<std::uint16_t>(out.get(), out_count, stream.get());
+    }
+    EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[1].data(), out_count * sizeof(std::uint16_t)), 0)
+        << what << ": a poisoned workspace changed the output";
+    const testkit::CheckResult result =
+        testkit::compare_with_reference(weights, x_host(weights, inputs, stream.get()),
+                                        testkit::host_routing(weights, inputs, stream.get()), outputs[0],
+                                        reference_token_budget(weights.spec), 23);
+    expect_matches_reference(result, what + ", poisoned workspace");
+  }
+}
+
 }  // namespace
 }  // namespace hmoe::test
