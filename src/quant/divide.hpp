@@ -69,32 +69,52 @@ __host__ __device__ inline StaticDivisor make_static_divisor(float scale) {
 // Divides `values` in place: divide_rn for all where the scale and every quotient meet its conditions,
 // else the IEEE division for all (equal to divide_rn wherever divide_rn is exact), in one branch.
 // NOTE: the IEEE fallback a value (a data-dependent __fdiv_rn beside each of a thread's 64 quotients) made
-// qwen3-30b-a3b fp8-tensor T = 16384 2.0 % slower than the separate pass (H100, docs/PERF.md 26th session).
+// qwen3-30b-a3b fp8-tensor T = 16384 2.0 % slower than the separate pass (H100, docs/PERF.md 26th session);
+// a select a value (`values[i] = unusual ? __fdiv_rn(..) : quotient[i]`) still compiled to a branch and a
+// reconvergence region a value, and the finiteness checks to one chain of dependent compares (docs/PERF.md,
+// 27th session). Hence the explicit `if` around the whole fallback, and four independent partial checks.
 template <int kCount>
 __host__ __device__ inline void divide_static_rn(float (&values)[kCount], const StaticDivisor& divisor) {
+  constexpr int kChecks = kCount < 4 ? kCount : 4;
   float quotient[kCount];
-  bool unusual = !divisor.usual;
+  bool finite[kChecks];
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+  for (int c = 0; c < kChecks; ++c) finite[c] = true;
 #ifdef __CUDA_ARCH__
 #pragma unroll
 #endif
   for (int i = 0; i < kCount; ++i) {
     quotient[i] = divide_rn(values[i], divisor.divisor);
 #ifdef __CUDA_ARCH__
-    unusual |= !isfinite(quotient[i]);
+    finite[i % kChecks] &= isfinite(quotient[i]);
 #else
-    unusual |= !std::isfinite(quotient[i]);
+    finite[i % kChecks] &= std::isfinite(quotient[i]);
 #endif
+  }
+  bool unusual = !divisor.usual;
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+  for (int c = 0; c < kChecks; ++c) unusual |= !finite[c];
+  if (unusual) {
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+    for (int i = 0; i < kCount; ++i) {
+#ifdef __CUDA_ARCH__
+      values[i] = __fdiv_rn(values[i], divisor.scale);
+#else
+      values[i] = values[i] / divisor.scale;
+#endif
+    }
+    return;
   }
 #ifdef __CUDA_ARCH__
 #pragma unroll
 #endif
-  for (int i = 0; i < kCount; ++i) {
-#ifdef __CUDA_ARCH__
-    values[i] = unusual ? __fdiv_rn(values[i], divisor.scale) : quotient[i];
-#else
-    values[i] = unusual ? values[i] / divisor.scale : quotient[i];
-#endif
-  }
+  for (int i = 0; i < kCount; ++i) values[i] = quotient[i];
 }
 
 }  // namespace hmoe::quant
