@@ -50,7 +50,9 @@ __device__ int plan_tiles(int count, int experts, int token_tile, int* __restric
 // Zeroes the slots the later stages accumulate into (ZeroedSlots), by the threads of one block.
 __device__ void zero_slots(const ZeroedSlots& slots) {
   for (int i = threadIdx.x; i < slots.counter_count; i += blockDim.x) slots.counters[i] = 0;
-  if (threadIdx.x < 2 && slots.amax[threadIdx.x] != nullptr) *slots.amax[threadIdx.x] = 0.0f;
+  // (constant indices: a thread-dependent index into the parameter's array would copy it to local memory)
+  if (threadIdx.x == 0 && slots.amax[0] != nullptr) *slots.amax[0] = 0.0f;
+  if (threadIdx.x == 1 && slots.amax[1] != nullptr) *slots.amax[1] = 0.0f;
 }
 
 // The whole permute stage for `entries` (token, slot) pairs, by all kScanThreads threads of one block:
