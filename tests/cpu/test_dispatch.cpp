@@ -834,6 +834,38 @@ TEST(KernelList, BinaryHoldsEveryVariantAsSassAndNoPtx) {
   std::printf("cuobjdump: %d/%zu variants present as sm_90a SASS, no PTX\n", found, gemm::gemm_variants().size());
 }
 
+// No kernel in the binary touches local memory: register spills, a stack frame, or an array indexed by a
+// value the compiler cannot resolve (a thread-dependent index into a kernel parameter's array copies the
+// array to local memory; the permute stage's zeroed slots did, 2026-12-07). Each is a round trip through
+// L1 the kernels' designs leave out; `cuobjdump --dump-resource-usage` prints STACK and LOCAL per kernel.
+TEST(KernelList, NoKernelUsesLocalMemory) {
+  const std::string cuobjdump = HMOE_CUOBJDUMP_PATH;
+  if (cuobjdump.empty() || cuobjdump.find("NOTFOUND") != std::string::npos) GTEST_SKIP() << "cuobjdump not found";
+  int exit_code = -1;
+  const std::string usage = run_command("'" + cuobjdump + "' --dump-resource-usage '" + HMOE_CLI_PATH + "'", &exit_code);
+  ASSERT_EQ(exit_code, 0) << usage;
+  std::istringstream lines(usage);
+  std::string line, function;
+  int kernels = 0;
+  const std::regex stack(R"(\bSTACK:(\d+))"), local(R"(\bLOCAL:(\d+))");
+  while (std::getline(lines, line)) {
+    const std::size_t at = line.find("Function ");
+    if (at != std::string::npos) {
+      function = line.substr(at + 9);
+      continue;
+    }
+    std::smatch stack_bytes, local_bytes;
+    if (function.empty() || !std::regex_search(line, stack_bytes, stack) || !std::regex_search(line, local_bytes, local))
+      continue;
+    ++kernels;
+    EXPECT_EQ(stack_bytes[1].str(), "0") << function << ": a stack frame (" << line << ")";
+    EXPECT_EQ(local_bytes[1].str(), "0") << function << ": local memory (" << line << ")";
+    function.clear();
+  }
+  EXPECT_GE(kernels, static_cast<int>(gemm::gemm_variants().size())) << usage;
+  std::printf("cuobjdump: %d kernels checked for a stack frame or local memory\n", kernels);
+}
+
 TEST(Cli, TuneAndColdstartUsage) {
   for (const std::string command : {"tune --help", "coldstart --help"}) {
     int exit_code = -1;
