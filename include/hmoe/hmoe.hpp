@@ -225,9 +225,9 @@ struct PlanInfo {
   // names it, gemm2_kernel is empty, and the tile fields above are the unfused plan's.
   bool fused_decode = false;
   // FP8: GEMM1's epilogue writes GEMM2's e4m3 input itself, so no separate re-quantisation pass runs:
-  // the 256-row GEMM1 tiles, fp8-block (with the 1×128 group scales) and, with HMOE_STATIC_REQUANT=1 and
-  // I % 128 == 0, fp8-tensor in runs with a static intermediate scale (RunArgs.intermediate_act_scale set).
-  // HMOE_FUSED_REQUANT=0 turns it off.
+  // the 256-row GEMM1 tiles, fp8-block (with the 1×128 group scales) and, where I % 128 == 0, fp8-tensor in
+  // runs with a static intermediate scale (RunArgs.intermediate_act_scale set; HMOE_STATIC_REQUANT=0 turns
+  // that part off). HMOE_FUSED_REQUANT=0 turns all of it off.
   bool fused_requant = false;
   // fp8-tensor with a dynamic intermediate scale (RunArgs.intermediate_act_scale null): GEMM1's epilogue
   // keeps the amax of its bf16 output, so the re-quantisation pass reads it once (HMOE_FUSED_REQUANT=0
@@ -284,7 +284,7 @@ class MoeRunner {
   int num_sms_ = 0;
   bool scatter_x_ = true;                // prefill x rows read once per token (HMOE_SCATTER_X=0: off)
   bool fused_requant_ = true;            // FP8 GEMM1 re-quantises its output where it can (HMOE_FUSED_REQUANT=0: off)
-  bool static_requant_ = false;          // ... also under a static fp8-tensor scale (HMOE_STATIC_REQUANT=1: on)
+  bool static_requant_ = true;           // ... also under a static fp8-tensor scale (HMOE_STATIC_REQUANT=0: off)
   std::size_t workspace_bytes_ = 0;
   int chunk_tokens_ = 0;
   std::size_t w13_scale_bytes_ = 0;      // FP8 weight scales, for the overlap checks (0 for bf16)

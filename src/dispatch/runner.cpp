@@ -90,10 +90,10 @@ std::size_t logits_element_bytes(const MoeSpec& spec) {
 }
 
 // What GEMM1 does for GEMM2's FP8 input (docs/DISPATCH.md, "GEMM1 re-quantises its own output"): writes it
-// as e4m3 itself (the 256-row tiles: block scales, or, opted in, per-tensor with a static intermediate scale
+// as e4m3 itself (the 256-row tiles: block scales, or per-tensor with a static intermediate scale
 // and whole 128-column groups), or keeps the amax a dynamic per-tensor re-quantisation needs (every
 // per-tensor GEMM1); otherwise the separate pass does everything. `fused`: HMOE_FUSED_REQUANT, `fused_static`:
-// HMOE_STATIC_REQUANT, as the runner read them.
+// HMOE_STATIC_REQUANT (both on unless set to 0), as the runner read them.
 struct Gemm1Requant {
   bool writes_fp8 = false;
   bool keeps_amax = false;

@@ -39,7 +39,7 @@ const GemmVariant* find_gemm_variant(EpilogueKind epilogue, QuantKind quant, boo
 
 bool fused_requant_environment() { return environment_switch_on("HMOE_FUSED_REQUANT"); }
 
-bool static_requant_environment() { return environment_opt_in("HMOE_STATIC_REQUANT"); }
+bool static_requant_environment() { return environment_switch_on("HMOE_STATIC_REQUANT"); }
 
 QuantKind quant_kind(const MoeSpec& spec) {
   switch (spec.scheme) {

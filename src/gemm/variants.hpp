@@ -38,9 +38,10 @@ const GemmVariant* find_gemm_variant(EpilogueKind epilogue, QuantKind quant, boo
 // MoeRunner at plan time.
 bool fused_requant_environment();
 // Whether fp8-tensor runs with a static intermediate scale let GEMM1's 256-row tiles write GEMM2's e4m3
-// input (GemmLaunch::out_static_scale): only with HMOE_STATIC_REQUANT=1 in the environment, read when a
-// runner is planned. NOTE: off by default — it measured 1.4–2.0 % slower than the separate pass on
-// qwen3-30b-a3b (H100, docs/PERF.md twenty-sixth session); the batched fallback since is unmeasured.
+// input (GemmLaunch::out_static_scale): on unless HMOE_STATIC_REQUANT=0 in the environment, read when a
+// runner is planned. Since quant::divide_static_rn branches once, it is 0.6–3.4 % faster than the separate
+// pass (H100: qwen3-30b-a3b T = 1024–16384, mixtral-8x7b T = 4096, deepseek-v3-tp8 T = 8192; docs/PERF.md
+// twenty-eighth session); before, 1.4–2.0 % slower (twenty-sixth).
 bool static_requant_environment();
 
 // How a layer of spec is quantised, as the GEMM variants see it.

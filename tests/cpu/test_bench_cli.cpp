@@ -189,11 +189,12 @@ TEST(BenchCli, ExplainSaysWhereGemm1Requantizes) {
   }
   row = explain(channel);
   EXPECT_FALSE(contains(row, "+requant") || contains(row, "+amax")) << row;
-  // Static fp8-tensor scales: no tile keeps an amax; the 256-row tiles write e4m3 under them only with
-  // HMOE_STATIC_REQUANT=1, and only where I % 128 == 0.
+  // Static fp8-tensor scales: no tile keeps an amax; the 256-row tiles write e4m3 under them unless
+  // HMOE_STATIC_REQUANT=0, and only where I % 128 == 0.
+  setenv("HMOE_STATIC_REQUANT", "0", 1);
   row = explain(tensor_wide + " --static-scales");
   EXPECT_FALSE(contains(row, "+requant") || contains(row, "+amax")) << row;
-  setenv("HMOE_STATIC_REQUANT", "1", 1);
+  unsetenv("HMOE_STATIC_REQUANT");
   row = explain(tensor_wide + " --static-scales");
   EXPECT_TRUE(contains(row, "+requant")) << row;
   EXPECT_FALSE(contains(row, "+amax")) << row;
@@ -208,7 +209,6 @@ TEST(BenchCli, ExplainSaysWhereGemm1Requantizes) {
     EXPECT_FALSE(contains(row, "+requant") || contains(row, "+amax")) << fused << ": " << row;
   }
   unsetenv("HMOE_FUSED_REQUANT");
-  unsetenv("HMOE_STATIC_REQUANT");
 }
 
 // --split-k N is a ceiling (PlanOptions::split_k): where a GEMM splits fewer ways than asked -- too many

@@ -360,21 +360,24 @@ TEST(RunnerContract, Gemm1AmaxGivesTheAmaxPassBits) {
   }
 }
 
-// fp8-tensor with a static intermediate scale, opted in with HMOE_STATIC_REQUANT=1 (off by default, and
-// never where I % 128 != 0): GEMM1's 256-row tiles write GEMM2's e4m3 input under that scale themselves
-// (PlanInfo::fused_requant; HMOE_FUSED_REQUANT=0 keeps the bf16 output and the separate pass). The two must give the same bits — whole and partial tiles, skewed and extreme routing, invalid ids,
-// an all-zero and a huge token (its values saturate) — and match the reference; and with scales nobody
+// fp8-tensor with a static intermediate scale (HMOE_STATIC_REQUANT=0 turns it off; never where I % 128 != 0):
+// GEMM1's 256-row tiles write GEMM2's e4m3 input under that scale themselves (PlanInfo::fused_requant;
+// HMOE_FUSED_REQUANT=0 keeps the bf16 output and the separate pass). The two must give the same bits —
+// whole and partial tiles, skewed and extreme routing, invalid ids, an all-zero and a huge token (its values saturate) — and match the reference; and with scales nobody
 // would calibrate (1e-30: everything saturates and the divisor takes its 2^100 factor; negative; zero),
 // which the fused epilogue must still divide exactly as the separate pass does (quant::divide_static_rn).
 TEST(RunnerContract, StaticScaleRequantGivesTheSeparatePassBits) {
   HMOE_REQUIRE_HOPPER_GPU();
   const testkit::LayerWeights& weights = cached_fp8_weights("qwen3-30b-a3b", QuantScheme::kPerTensor, /*static_scales=*/true);
   const std::string pair = "swiglu_normal_t128_w256_fp8+weighted_normal_t128_w256_fp8_s3";
+  EXPECT_TRUE(MoeRunner(weights.spec, PlanOptions{16, Orientation::kAuto, 0, pair}).plan_info(16).fused_requant)
+      << "static fp8-tensor re-quantisation in GEMM1 is on by default";
+  setenv("HMOE_STATIC_REQUANT", "0", 1);
   EXPECT_FALSE(MoeRunner(weights.spec, PlanOptions{16, Orientation::kAuto, 0, pair}).plan_info(16).fused_requant)
-      << "static fp8-tensor re-quantisation in GEMM1 is opt-in";
+      << "HMOE_STATIC_REQUANT=0 turns it off";
+  unsetenv("HMOE_STATIC_REQUANT");
   MoeSpec narrow = weights.spec;   // I = 320: the last 256-row tile holds half a group
   narrow.intermediate = 320;
-  setenv("HMOE_STATIC_REQUANT", "1", 1);
   EXPECT_FALSE(MoeRunner(narrow, PlanOptions{16, Orientation::kAuto, 0, pair}).plan_info(16).fused_requant);
   struct Case {
     int tokens;
@@ -408,7 +411,6 @@ TEST(RunnerContract, StaticScaleRequantGivesTheSeparatePassBits) {
                                                                         reference_token_budget(weights.spec), 19);
     expect_matches_reference(result, what + ", fused");
   }
-  unsetenv("HMOE_STATIC_REQUANT");
 }
 
 // At decode sizes run_from_logits routes and permutes in one kernel (permute/route_permute.cu); it
