@@ -563,7 +563,7 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   // The valid expert-sorted rows: (token, slot) pairs with an id in [0, E).
   const int* valid_rows = buffers.expert_offsets + spec_.num_experts;
   // (a timing run that skips the permute stage zeroes GEMM1's slot itself, before the kernels)
-  if (!permute_runs && requant.keeps_amax)
+  if (requant.keeps_amax && buffers.zeroed.amax[1] == nullptr)
     HMOE_CUDA_CHECK(cudaMemsetAsync(intermediate_scales + 1, 0, sizeof(float), stream));
   if (fp8) {
     // FP8: the gather quantises each x row into the sorted rows (one read of x, one e4m3 write).
@@ -574,7 +574,7 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
     rows.max_rows = entries;
     rows.cols = spec_.hidden;
     rows.amax_rows = tokens;
-    rows.amax_zeroed = permute_runs;
+    rows.amax_zeroed = buffers.zeroed.amax[0] != nullptr;
     if (per_token) {
       rows.slot_rows = buffers.slot_rows;
       rows.top_k = spec_.top_k;
@@ -631,7 +631,7 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
     rows.max_rows = entries;
     rows.cols = spec_.intermediate;
     rows.amax_ready = requant.keeps_amax;
-    rows.amax_zeroed = permute_runs;
+    rows.amax_zeroed = buffers.zeroed.amax[1] != nullptr;
     if (!skips(kStageRequantize))
       quant::launch_quantize_rows(spec_, rows, args.intermediate_act_scale, at<void>(args.workspace, layout.intermediate_fp8),
                                   intermediate_scales, stream, pdl);
