@@ -90,24 +90,54 @@ inline float elapsed_ms(const Event& start, const Event& stop) {
   return milliseconds;
 }
 
+// The CUDA graph of whatever `work` enqueued on the stream while capturing (the caller destroys it).
+template <class Work>
+cudaGraph_t capture_graph(cudaStream_t stream, Work&& work) {
+  HMOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  try {
+    work();
+  } catch (...) {
+    // NOTE: the stream stays in capture mode until the capture is ended; end it so the stream is
+    // usable again, then let the original error through.
+    cudaGraph_t abandoned = nullptr;
+    cudaStreamEndCapture(stream, &abandoned);
+    if (abandoned != nullptr) cudaGraphDestroy(abandoned);
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  HMOE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  return graph;
+}
+
+// What a captured graph holds: all its nodes, and of them the kernel and the memset nodes.
+struct GraphNodeCounts {
+  int nodes = 0;
+  int kernels = 0;
+  int memsets = 0;
+};
+
+inline GraphNodeCounts count_graph_nodes(cudaGraph_t graph) {
+  std::size_t count = 0;
+  HMOE_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  HMOE_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
+  GraphNodeCounts counts;
+  counts.nodes = static_cast<int>(count);
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    HMOE_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    counts.kernels += type == cudaGraphNodeTypeKernel;
+    counts.memsets += type == cudaGraphNodeTypeMemset;
+  }
+  return counts;
+}
+
 // An instantiated CUDA graph holding whatever `work` enqueued on the stream while capturing.
 class GraphExec {
  public:
   template <class Work>
   static GraphExec capture(cudaStream_t stream, Work&& work) {
-    HMOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    try {
-      work();
-    } catch (...) {
-      // NOTE: the stream stays in capture mode until the capture is ended; end it so the stream is
-      // usable again, then let the original error through.
-      cudaGraph_t abandoned = nullptr;
-      cudaStreamEndCapture(stream, &abandoned);
-      if (abandoned != nullptr) cudaGraphDestroy(abandoned);
-      throw;
-    }
-    cudaGraph_t graph = nullptr;
-    HMOE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    cudaGraph_t graph = capture_graph(stream, std::forward<Work>(work));
     GraphExec result;
     const cudaError_t status = cudaGraphInstantiate(&result.exec_, graph, 0);
     cudaGraphDestroy(graph);

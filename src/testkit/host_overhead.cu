@@ -79,27 +79,16 @@ HostOverhead measure_host_overhead(const LayerWeights& weights, int num_tokens, 
   time_calls(kWarmupCalls, stream, run);
 
   // Launches per layer: capture one layer and count what the graph holds.
-  HMOE_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
+  cudaGraph_t graph = capture_graph(stream.get(), run);
+  GraphNodeCounts counts;
   try {
-    run();
+    counts = count_graph_nodes(graph);
   } catch (...) {
-    cudaGraph_t abandoned = nullptr;
-    cudaStreamEndCapture(stream.get(), &abandoned);
-    if (abandoned != nullptr) cudaGraphDestroy(abandoned);
+    cudaGraphDestroy(graph);
     throw;
   }
-  cudaGraph_t graph = nullptr;
-  HMOE_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
-  std::size_t node_count = 0;
-  HMOE_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &node_count));
-  std::vector<cudaGraphNode_t> nodes(node_count);
-  HMOE_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &node_count));
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type{};
-    HMOE_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-    result.kernel_launches += type == cudaGraphNodeTypeKernel;
-  }
-  result.graph_nodes = static_cast<int>(node_count);
+  result.kernel_launches = counts.kernels;
+  result.graph_nodes = counts.nodes;
   cudaGraphExec_t exec = nullptr;
   const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);

@@ -363,9 +363,10 @@ TEST(RunnerContract, Gemm1AmaxGivesTheAmaxPassBits) {
 // fp8-tensor with a static intermediate scale (HMOE_STATIC_REQUANT=0 turns it off; never where I % 128 != 0):
 // GEMM1's 256-row tiles write GEMM2's e4m3 input under that scale themselves (PlanInfo::fused_requant;
 // HMOE_FUSED_REQUANT=0 keeps the bf16 output and the separate pass). The two must give the same bits —
-// whole and partial tiles, skewed and extreme routing, invalid ids, an all-zero and a huge token (its values saturate) — and match the reference; and with scales nobody
-// would calibrate (1e-30: everything saturates and the divisor takes its 2^100 factor; negative; zero),
-// which the fused epilogue must still divide exactly as the separate pass does (quant::divide_static_rn).
+// whole and partial tiles, skewed and extreme routing, invalid ids, an all-zero and a huge token (its values
+// saturate) — and match the reference; and with scales nobody would calibrate (1e-30: everything saturates
+// and the divisor takes its 2^100 factor; negative; zero), which the fused epilogue must still divide exactly
+// as the separate pass does (quant::divide_static_rn).
 TEST(RunnerContract, StaticScaleRequantGivesTheSeparatePassBits) {
   HMOE_REQUIRE_HOPPER_GPU();
   const testkit::LayerWeights& weights = cached_fp8_weights("qwen3-30b-a3b", QuantScheme::kPerTensor, /*static_scales=*/true);
@@ -656,7 +657,7 @@ TEST(RunnerContract, PermuteZeroesTheTensorAmaxSlots) {
     Entry entry;
     int split_k;
     const char* pair;   // "" : the tuned table's
-    std::size_t memsets;
+    int memsets;
   };
   // (qwen3-30b-a3b T = 1100: 8800 pairs, the multi-block stage; deepseek-v3-tp8 T = 2 splits K 4 ways)
   const char* swap_pair = "swiglu_swap_t16_w64_fp8+weighted_swap_t16_w64_fp8";
@@ -686,22 +687,11 @@ TEST(RunnerContract, PermuteZeroesTheTensorAmaxSlots) {
     ASSERT_EQ(args.act_scale, nullptr) << what << ": the dynamic scales are under test";
     ASSERT_EQ(args.intermediate_act_scale, nullptr) << what;
 
-    cudaGraph_t graph = nullptr;
-    ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    testkit::run_layer(runner, args, inputs, stream.get());
-    ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess) << what;
-    std::size_t count = 0;
-    ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &count), cudaSuccess);
-    std::vector<cudaGraphNode_t> nodes(count);
-    ASSERT_EQ(cudaGraphGetNodes(graph, nodes.data(), &count), cudaSuccess);
-    std::size_t memsets = 0;
-    for (cudaGraphNode_t node : nodes) {
-      cudaGraphNodeType type{};
-      ASSERT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
-      if (type == cudaGraphNodeTypeMemset) ++memsets;
-    }
+    cudaGraph_t graph =
+        testkit::capture_graph(stream.get(), [&] { testkit::run_layer(runner, args, inputs, stream.get()); });
+    const testkit::GraphNodeCounts counts = testkit::count_graph_nodes(graph);
     cudaGraphDestroy(graph);
-    EXPECT_EQ(memsets, c.memsets) << what << ": memset nodes in the layer's graph";
+    EXPECT_EQ(counts.memsets, c.memsets) << what << ": memset nodes in the layer's graph";
 
     std::vector<std::uint16_t> outputs[2];
     for (const int poison : {0x7F, 0x00}) {
