@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "common/cuda_check.hpp"
+#include "common/graph_capture.hpp"
 
 namespace hmoe::dispatch {
 
@@ -53,17 +54,8 @@ GraphCache::Action GraphCache::run(const GraphKey& key, cudaStream_t stream, Enq
   // 3. Second sighting: capture on the private stream (thread-local mode: other threads' CUDA calls
   // are not affected), instantiate, launch on the caller's stream.
   const cudaStream_t capture = capture_stream();
-  HMOE_CUDA_CHECK(cudaStreamBeginCapture(capture, cudaStreamCaptureModeThreadLocal));
-  try {
-    enqueue(context, capture);
-  } catch (...) {
-    cudaGraph_t abandoned = nullptr;
-    cudaStreamEndCapture(capture, &abandoned);
-    if (abandoned != nullptr) cudaGraphDestroy(abandoned);
-    throw;
-  }
-  cudaGraph_t graph = nullptr;
-  HMOE_CUDA_CHECK(cudaStreamEndCapture(capture, &graph));
+  cudaGraph_t graph =
+      capture_graph(capture, cudaStreamCaptureModeThreadLocal, [&] { enqueue(context, capture); });
   cudaGraphExec_t exec = nullptr;
   const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/cuda_check.hpp"
+#include "common/graph_capture.hpp"
 
 namespace hmoe::testkit {
 
@@ -90,23 +91,11 @@ inline float elapsed_ms(const Event& start, const Event& stop) {
   return milliseconds;
 }
 
-// The CUDA graph of whatever `work` enqueued on the stream while capturing (the caller destroys it).
+// The CUDA graph of whatever `work` enqueued on the stream while capturing (global mode, the strictest;
+// the caller destroys it).
 template <class Work>
 cudaGraph_t capture_graph(cudaStream_t stream, Work&& work) {
-  HMOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  try {
-    work();
-  } catch (...) {
-    // NOTE: the stream stays in capture mode until the capture is ended; end it so the stream is
-    // usable again, then let the original error through.
-    cudaGraph_t abandoned = nullptr;
-    cudaStreamEndCapture(stream, &abandoned);
-    if (abandoned != nullptr) cudaGraphDestroy(abandoned);
-    throw;
-  }
-  cudaGraph_t graph = nullptr;
-  HMOE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  return graph;
+  return hmoe::capture_graph(stream, cudaStreamCaptureModeGlobal, std::forward<Work>(work));
 }
 
 // What a captured graph holds: all its nodes, and of them the kernel and the memset nodes.
