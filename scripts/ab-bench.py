@@ -80,6 +80,13 @@ def run_bench(command, json_path, env):
             for row in rows if row.get("impl", "hmoe") == "hmoe"}
 
 
+def plan_text(plans):
+    """A side's plans: the one pair when every T ran it, else each T's pair in the order the layer gave T."""
+    if len(set(plans.values())) == 1:
+        return next(iter(plans.values()))
+    return ", ".join(f"T={t} {plan}" for t, plan in plans.items())
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--a", required=True, help="build folder A")
@@ -134,7 +141,7 @@ def main():
                         continue
                     rows = run_bench(command, json_path, envs[side])
                     times[side].append({t: rows[t][0] for t in layer["tokens"]})
-                    plans[side] = ", ".join(sorted({rows[t][1] for t in layer["tokens"]}))
+                    plans[side] = plan_text({t: rows[t][1] for t in layer["tokens"]})
             results.append((layer, times, plans))
         if args.dry_run:
             return 0

@@ -405,7 +405,8 @@ namespace fs = std::filesystem;
 
 // scripts/ab-bench.py, the device sessions' A/B of two builds: rounds alternate ABBA, each layer's
 // rows are read back from `hmoe bench --json`, and the ratio is of the rounds' means. Run here with
-// two stand-in `hmoe` scripts that write fixed rows; `info` prints build "<side>" ("same" in folder c).
+// two stand-in `hmoe` scripts that write fixed rows (GEMM1 g1 up to T = 256, g3 above); `info` prints
+// build "<side>" (folder c: "a").
 class AbBench : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -421,8 +422,8 @@ class AbBench : public ::testing::Test {
            << "tokens = [int(t) for t in args[args.index('--tokens') + 1].split(',')]\n"
            << "out = args[args.index('--json') + 1]\n"
            << "open('" << (root_ / "calls.log").string() << "', 'a').write('" << side << " ' + ' '.join(args) + '\\n')\n"
-           << "rows = [{'impl': 'hmoe', 'T': t, 'median_us': " << median << " + t, 'gemm1': 'g1', 'gemm2': 'g2'} "
-           << "for t in tokens]\n"
+           << "rows = [{'impl': 'hmoe', 'T': t, 'median_us': " << median << " + t, "
+           << "'gemm1': 'g1' if t <= 256 else 'g3', 'gemm2': 'g2'} for t in tokens]\n"
            << "json.dump({'rows': rows}, open(out, 'w'))\n";
       file.close();
       fs::permissions(fake, fs::perms::owner_all);
@@ -454,6 +455,14 @@ TEST_F(AbBench, AlternatesRoundsAndReportsTheRatioOfMeans) {
   EXPECT_TRUE(contains(result.output, "build A: " + (root_ / "a").string() + ": hmoe 0.1.0 (build a)\n")) << result.output;
   EXPECT_TRUE(contains(result.output, "build B: " + (root_ / "b").string() + ": hmoe 0.1.0 (build b)\n")) << result.output;
   EXPECT_FALSE(contains(result.output, "WARNING")) << result.output;
+}
+
+// A layer whose T run different plans lists each T's plan, in the order the layer gave them.
+TEST_F(AbBench, ListsEachTsPlanWhenThePlansDiffer) {
+  const hmoe::test::CommandResult result =
+      ab("--a '" + (root_ / "a").string() + "' --b '" + (root_ / "b").string() + "' --rounds 1 qwen3-30b-a3b:bf16:4096,16");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "plans: A T=4096 g3+g2, T=16 g1+g2; B T=4096 g3+g2, T=16 g1+g2")) << result.output;
 }
 
 // Folder c holds a binary that reports folder a's build: the A/B still runs, under a warning.
