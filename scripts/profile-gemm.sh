@@ -6,6 +6,9 @@
 # Usage: scripts/profile-gemm.sh PRESET:DTYPE:T [...]   e.g. deepseek-v3-tp8:fp8-block:256
 # HMOE_PROFILE_SOURCE=1 adds, per item, where the warps of its two GEMM launches wait, per SASS
 # instruction (ncu warp-state sampling; two more ncu runs an item). NOT yet run on the H200.
+# HMOE_PROFILE_KERNELS=REGEX profiles the launches of other kernels instead of the expert GEMMs in the
+# counter run (e.g. 'quantize_kernel|amax_kernel' for the FP8 x stage; ncu's --kernel-name regex on the
+# function name); the per-instruction runs stay on the GEMMs.
 # On the H200 only (ncu reads the counters on the Firecracker machines, --clock-control none as
 # METHOD.md asks). Uses a carried build/ (else build-device/); $OUT, when set, gets profile.tgz (the
 # raw CSV of every item and ncu's metric list) and profile.txt (the lines printed here).
@@ -45,7 +48,7 @@ for item in "$@"; do
   # --log-file keeps ncu's CSV apart from hmoe's own output. If this ncu refuses a metric, the run is
   # repeated with the basic set alone.
   profile() {
-    timeout 240 ncu --clock-control none --kernel-name regex:expert_gemm --metrics "$1" --csv --log-file "$csv" \
+    timeout 240 ncu --clock-control none --kernel-name "regex:${HMOE_PROFILE_KERNELS:-expert_gemm}" --metrics "$1" --csv --log-file "$csv" \
       "$bin/hmoe" check --model "$preset" --dtype "$dtype" --tokens "$tokens" --ref-tokens 1 >"$csv.out" 2>&1
   }
   profile "$metrics"
