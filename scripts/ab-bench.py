@@ -10,7 +10,8 @@ Usage: scripts/ab-bench.py --a DIR [--b DIR] [--a-env K=V]... [--b-env K=V]... [
          DTYPE fp8-tensor+static: `--dtype fp8-tensor --static-scales`)
 
 Each round times A then B, the next B then A (ABBA...), so a drift of the card's clocks over the
-call weighs on both alike; the table gives every round's median and the ratio of the means, B/A.
+call weighs on both alike; the table gives every round's median and the ratio of the means, B/A,
+and under each layer the GEMM pair each side ran (one pair, or each T's in the layer's T order).
 Every invocation is one `hmoe bench ... --json`, whose rows are read back. For the device, where
 each minute counts: one call, both binaries carried (docs/PERF.md says how the sessions use it).
 First each side's build is printed (`hmoe info`'s first line: the commit, and the diff's hash when the
