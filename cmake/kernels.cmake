@@ -6,6 +6,7 @@ set(HMOE_GEMM_VARIANTS
   "swiglu_normal_t64_w128 kSwiGlu false 64 128 4 false kNone"
   "swiglu_normal_t64_w128_s3 kSwiGlu false 64 128 3 false kNone"
   "swiglu_normal_t128_w256 kSwiGlu false 128 256 4 false kNone"
+  "swiglu_normal_t128_w256_gather kSwiGlu false 128 256 4 true kNone"
   "swiglu_swap_t8_w64 kSwiGlu true 8 64 8 false kNone"
   "swiglu_swap_t8_w64_gather kSwiGlu true 8 64 8 true kNone"
   "swiglu_swap_t16_w64 kSwiGlu true 16 64 8 false kNone"

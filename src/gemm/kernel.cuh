@@ -26,6 +26,8 @@ struct KernelArgs {
   CUtensorMap out_map;       // Config::kTmaStore: the bf16 output [token_rows, out_cols], box {64, 64}
   WorkList work;
   const int* token_index;    // gathering variants only
+  const std::uint8_t* tokens;  // Config::kGatherCpAsync: the token rows (x), `token_row_bytes` apart
+  int token_row_bytes;
   int weight_tiles;
   int k_blocks;
   int splits;                // along K (Config::kSplitK variants; 1 otherwise)
@@ -60,7 +62,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1) expert_gemm_kernel(const 
 
   if (threadIdx.x == 0) {
     for (int stage = 0; stage < Config::kStages; ++stage) {
-      ptx::Barrier::init(&smem.full[stage], 1);
+      // The producer's arrival with the TMA bytes, and each gathering thread's cp.async arrival.
+      ptx::Barrier::init(&smem.full[stage], 1 + Config::kGatherThreads);
       ptx::Barrier::init(&smem.empty[stage], 4 * Config::kConsumers);   // one arrival per consumer warp
     }
     cutlass::arch::fence_barrier_init();
@@ -75,7 +78,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1) expert_gemm_kernel(const 
     // NOTE: with two consumer warpgroups the 128×256 accumulators need more than the 170 registers
     // an even split of the file gives; the producer needs few, so it hands them over.
     if constexpr (Config::kConsumers == 2) cutlass::arch::warpgroup_reg_dealloc<40>();
-    if (threadIdx.x / 32 == kProducerThread / 32) {
+    if constexpr (Config::kGatherCpAsync) {
+      if (threadIdx.x == kProducerThread) cute::prefetch_tma_descriptor(&args.weight_map);
+      produce_gathered<Config>(smem, &args.weight_map, args.tokens, args.token_row_bytes, args.token_index, scheduler,
+                               args.epilogue.weight_rows, launch_trace(args));
+    } else if (threadIdx.x / 32 == kProducerThread / 32) {
       if (threadIdx.x == kProducerThread) {
         cute::prefetch_tma_descriptor(&args.token_map);
         cute::prefetch_tma_descriptor(&args.weight_map);
@@ -221,6 +228,8 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream, const cha
                                     launch.k, Config::kWeightTile, Config::kElementBytes);
   args.work = launch.work;
   args.token_index = launch.token_index;
+  args.tokens = static_cast<const std::uint8_t*>(launch.tokens);
+  args.token_row_bytes = launch.k * Config::kElementBytes;
   args.weight_tiles = weight_tiles;
   args.k_blocks = k_blocks;
   args.splits = launch.splits;

@@ -93,6 +93,63 @@ __device__ void produce(const SharedStorage<Config>& smem, const CUtensorMap* to
   if (lane == 0) trace::finish(launch_trace, 0, records);
 }
 
+// The producer warpgroup of a normal-orientation gathering tile (Config::kGatherCpAsync): thread 0
+// loads the weight tile with one TMA box as produce() does, and every thread copies its share of the
+// token rows from x (`tokens`, rows of `row_bytes`) through the row → token index: lanes 8 apart take
+// the 16-byte chunks of one 128-byte row, so a warp reads 4 rows a request and each thread 8 rows of
+// the 128-row tile, always the same chunk. Chunks are stored where the 128-byte swizzle puts them
+// (chunk c of row r at 16·(c ^ r % 8)), as TMA would. Rows past the tile's end and bytes past K are
+// zero-filled (a stale e4m3 or bf16 pattern could be a NaN, and a zero costs no read).
+template <class Config>
+__device__ void produce_gathered(const SharedStorage<Config>& smem, const CUtensorMap* weight_map,
+                                 const std::uint8_t* tokens, int row_bytes, const int* token_index,
+                                 PersistentScheduler scheduler, int weight_rows, const trace::LaunchTrace& launch_trace) {
+  static_assert(Config::kGatherCpAsync && !Config::kSwapAB && Config::kGatherThreads == 128);
+  constexpr int kRowsPerPass = Config::kGatherThreads / 8;   // 16 rows: 8 chunks of 16 bytes each
+  constexpr int kPasses = Config::kTokenTile / kRowsPerPass;
+  constexpr int kWeightBytes = Config::kWeightTile * kTileRowBytes;
+  const int thread = threadIdx.x % Config::kGatherThreads;
+  const int chunk = thread % 8;
+  const int first_row = thread / 8;
+  // Every row this thread writes is first_row + 16·pass, so all of them sit at the same swizzled chunk.
+  const std::uint32_t chunk_offset = static_cast<std::uint32_t>((chunk ^ (first_row % 8)) * 16);
+  [[maybe_unused]] std::uint32_t item_count = 0, records = 0;   // the timeline (trace builds only)
+  PipelineState state;
+  WorkItem item;
+  while (scheduler.next(item)) {
+    [[maybe_unused]] const std::uint32_t item_index = item_count++;
+    const int weight_row = item.tokens.expert * weight_rows + item.weight_tile * Config::kWeightTile;
+    const int token_rows = item.tokens.row_end - item.tokens.row_begin;
+    const int* tile_tokens = token_index + item.tokens.row_begin;
+    for (int k_block = item.k_begin; k_block < item.k_end; ++k_block) {
+      // NOTE: parity (phase ^ 1) passes at once on a fresh barrier: every stage starts empty.
+      ptx::Barrier::wait(&smem.empty[state.stage], state.phase ^ 1);
+      if (thread == 0) {
+        trace::record(launch_trace, 0, records, trace::Event::kStageIssued, item_index, k_block);
+        ptx::Barrier::arrive_and_expect_tx(&smem.full[state.stage], kWeightBytes);
+        ptx::tma_load_2d(weight_map, &smem.full[state.stage], smem.b_tile(state.stage), k_block * Config::kBlockK,
+                         weight_row);
+      }
+      const int column = k_block * kTileRowBytes + chunk * 16;
+      const int bytes = max(0, min(16, row_bytes - column));
+      const std::uint32_t tile = ptx::smem_address(smem.a_tile(state.stage)) + chunk_offset;
+      #pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        // NOTE: the tile's row → token entries are read again each K block (L1 hits): held across
+        // the K loop, the 8 of them pushed the 40-register producer into local memory.
+        const int row = first_row + kRowsPerPass * pass;
+        const bool valid = row < token_rows && bytes > 0;
+        const std::uint8_t* source =
+            valid ? tokens + static_cast<long long>(__ldg(tile_tokens + row)) * row_bytes + column : tokens;
+        ptx::cp_async_16_zfill(tile + (first_row + kRowsPerPass * pass) * kTileRowBytes, source, valid ? bytes : 0);
+      }
+      ptx::cp_async_arrive_noinc(&smem.full[state.stage]);
+      state.advance<Config::kStages>();
+    }
+  }
+  if (thread == 0) trace::finish(launch_trace, 0, records);
+}
+
 template <int kTileN, bool kFp8>
 struct Wgmma;
 #define HMOE_WGMMA(N)                                                                                                  \

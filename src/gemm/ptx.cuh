@@ -41,6 +41,20 @@ __device__ __forceinline__ void tma_load_2d(const CUtensorMap* map, std::uint64_
       : "memory");
 }
 
+// Copies 16 bytes from global to shared memory, of which only the first `source_bytes` (0..16) are
+// read; the rest is zero-filled. Cached in L2 only. NOTE: a generic-proxy write, unlike TMA's.
+__device__ __forceinline__ void cp_async_16_zfill(std::uint32_t destination, const void* source, int source_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+               :
+               : "r"(destination), "l"(source), "r"(source_bytes)
+               : "memory");
+}
+// One arrival on `barrier` once every cp.async this thread issued before has landed (.noinc: the
+// arrival counts toward the barrier's expected arrivals, which must include it).
+__device__ __forceinline__ void cp_async_arrive_noinc(std::uint64_t* barrier) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" : : "r"(smem_address(barrier)) : "memory");
+}
+
 // Writes a box of shared memory (laid out as the map's swizzle says) to the map's tensor at
 // {column, row}; parts of the box outside the tensor are not written. The store joins the thread's
 // current bulk group (tma_store_commit).

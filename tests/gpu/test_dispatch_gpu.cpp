@@ -50,9 +50,9 @@ class ScopedTunedDir {
 // leaves rows of its output unwritten makes the layer's output non-finite there.
 testkit::CheckResult run_and_check(const testkit::LayerWeights& weights, int num_tokens, const PlanOptions& plan_options,
                                    PlanInfo* plan, std::vector<std::uint16_t>* out_bits = nullptr,
-                                   bool poison_workspace = false) {
+                                   bool poison_workspace = false,
+                                   const testkit::RoutingDraw& draw = {testkit::RoutingMode::kUniform, 1, 2}) {
   const testkit::Stream stream;
-  const testkit::RoutingDraw draw{testkit::RoutingMode::kUniform, 1, 2};
   const testkit::LayerInputs inputs =
       testkit::make_layer_inputs(weights, num_tokens, testkit::Entry::kLogits, draw, stream.get());
   const MoeRunner runner(weights.spec, plan_options);
@@ -224,6 +224,52 @@ TEST(DispatchGpu, StagedTmaStoreTilesMatchTheReference) {
       EXPECT_EQ(plan.gemm1_kernel + "+" + plan.gemm2_kernel, variant) << "H=" << hidden << " I=" << intermediate;
       std::cout << "  H=" << hidden << " I=" << intermediate << ":";
       expect_pass(result, plan, num_tokens);
+    }
+  }
+}
+
+// Normal 128-token tiles that gather their token rows from x themselves (cp.async by the producer
+// warpgroup, GemmConfig::kGatherCpAsync) multiply the same operands in the same K order as the tiles
+// that read the gather pass's rows, so the layer's bits must be equal, with the pass's launch gone.
+// Uniform, skewed (Zipf) and extreme routing give experts with no rows, partial tiles only, and many
+// whole tiles; T = 1, 7, 130, 1000; the workspace is poisoned (an unwritten row shows as non-finite).
+TEST(DispatchGpu, GatheringNormalTilesGiveTheGatherPassBits) {
+  HMOE_REQUIRE_HOPPER_GPU();
+  constexpr const char* kGathering = "swiglu_normal_t128_w256_gather+weighted_normal_t128_w256_s3";
+  constexpr const char* kReading = "swiglu_normal_t128_w256+weighted_normal_t128_w256_s3";
+  const std::vector<std::tuple<const char*, int, int, int>> cases = {
+      {"mixtral-8x7b", 8, 1344, 320},    // softmax top-2: a 2I = 640-row w13, its third 256-row tile partial
+      {"qwen3-30b-a3b", 16, 512, 192},   // softmax top-8: each x row gathered by 8 tiles
+  };
+  for (const auto& [model, experts, hidden, intermediate] : cases) {
+    MoeSpec spec = preset(model);
+    spec.num_experts = experts;
+    spec.hidden = hidden;
+    spec.intermediate = intermediate;
+    const testkit::Stream stream;
+    const testkit::LayerWeights weights =
+        testkit::make_layer_weights(spec, kWeightSeed, /*keep_host_copy=*/true, stream.get());
+    for (testkit::RoutingMode mode :
+         {testkit::RoutingMode::kUniform, testkit::RoutingMode::kZipf, testkit::RoutingMode::kExtreme}) {
+      for (int num_tokens : {1, 7, 130, 1000}) {
+        SCOPED_TRACE(std::string(model) + " " + testkit::to_string(mode) + " T=" + std::to_string(num_tokens));
+        const testkit::RoutingDraw draw{mode, 3, static_cast<std::uint64_t>(num_tokens)};
+        std::vector<std::uint16_t> gathered, read;
+        PlanOptions options{num_tokens};
+        options.force_variant = kGathering;
+        PlanInfo plan;
+        const testkit::CheckResult result =
+            run_and_check(weights, num_tokens, options, &plan, &gathered, /*poison_workspace=*/true, draw);
+        EXPECT_EQ(plan.gemm1_kernel + "+" + plan.gemm2_kernel, kGathering);
+        expect_pass(result, plan, num_tokens);
+        options.force_variant = kReading;
+        run_and_check(weights, num_tokens, options, &plan, &read, /*poison_workspace=*/true, draw);
+        EXPECT_EQ(plan.gemm1_kernel + "+" + plan.gemm2_kernel, kReading);
+        ASSERT_EQ(gathered.size(), read.size());
+        std::size_t differing = 0;
+        for (std::size_t i = 0; i < gathered.size(); ++i) differing += gathered[i] != read[i];
+        EXPECT_EQ(differing, 0u) << "of " << gathered.size() << " output values";
+      }
     }
   }
 }
