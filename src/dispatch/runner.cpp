@@ -590,6 +590,7 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   gemm1.tokens = gemm_gathers ? args.x : buffers.sorted_x;
   gemm1.token_rows = gemm_gathers ? tokens : entries;
   gemm1.token_index = gemm_gathers ? buffers.sorted_tokens : nullptr;
+  gemm1.sorted_rows = entries;
   gemm1.weights = args.weights.w13;
   gemm1.experts = spec_.num_experts;
   gemm1.weight_rows = 2 * spec_.intermediate;

@@ -154,13 +154,16 @@ struct GemmLaunch {
   const void* tokens = nullptr;
   int token_rows = 0;            // rows in the token buffer (TMA bound)
   const int* token_index = nullptr;  // gathering variants: expert-sorted row → row of `tokens`
+  // Expert-sorted rows, the rows of `out` (its TMA bound) and of the work list: token_rows, unless
+  // the variant gathers, where the token buffer is x (T rows) and there are T·k sorted rows.
+  int sorted_rows = 0;
   const void* weights = nullptr;
   int experts = 0;
   int weight_rows = 0;           // N per expert: 2I for GEMM1, H for GEMM2
   int k = 0;                     // H for GEMM1, I for GEMM2
   WorkList work;
   int max_tiles = 0;             // upper bound of *work.num_tiles, sizes the grid
-  void* out = nullptr;           // [token_rows, out_cols] bf16
+  void* out = nullptr;           // [sorted_rows, out_cols] bf16
   int out_cols = 0;
   const float* row_weights = nullptr;  // [token_rows], kRoutingWeight only
   int num_sms = 0;

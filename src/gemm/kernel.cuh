@@ -23,7 +23,7 @@ namespace hmoe::gemm {
 struct KernelArgs {
   CUtensorMap token_map;     // [token_rows, K], box {kBlockK, kTokenTile} ({kBlockK, 1} when gathering)
   CUtensorMap weight_map;    // [experts·weight_rows, K], box {kBlockK, kWeightTile}
-  CUtensorMap out_map;       // Config::kTmaStore: the bf16 output [token_rows, out_cols], box {64, 64}
+  CUtensorMap out_map;       // Config::kTmaStore: the bf16 output [sorted_rows, out_cols], box {64, 64}
   WorkList work;
   const int* token_index;    // gathering variants only
   const std::uint8_t* tokens;  // Config::kGatherCpAsync: the token rows (x), `token_row_bytes` apart
@@ -188,6 +188,9 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream, const cha
     throw Error("hmoe: expert GEMM needs K % 8 == 0 and an even output width (K = " + std::to_string(launch.k) + ")");
   if (Config::kGatherTokens != (launch.token_index != nullptr))
     throw Error("hmoe: expert GEMM variant and launch disagree on gathering token rows");
+  if (launch.sorted_rows <= 0 || (!Config::kGatherTokens && launch.sorted_rows != launch.token_rows))
+    throw Error("hmoe: expert GEMM launched with " + std::to_string(launch.sorted_rows) + " expert-sorted rows for " +
+                std::to_string(launch.token_rows) + " token rows (equal unless the variant gathers)");
   if (Config::kFp8 && (launch.weight_scale == nullptr || launch.token_scale == nullptr))
     throw Error("hmoe: FP8 expert GEMM launched without weight or token scales");
   if (Config::kQuant == QuantKind::kBlockScale && launch.k % kScaleGroup != 0)
@@ -239,7 +242,7 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream, const cha
   // (qwen3-30b-a3b, deepseek-v3-tp8), and Swap-AB (decode) tiles have one token tile an expert.
   const long long expert_weight_bytes = static_cast<long long>(launch.weight_rows) * launch.k * Config::kElementBytes;
   const long long tiles_per_expert =
-      (launch.token_rows / std::max(1, launch.experts) + Config::kTokenTile - 1) / Config::kTokenTile;
+      (launch.sorted_rows / std::max(1, launch.experts) + Config::kTokenTile - 1) / Config::kTokenTile;
   args.token_group = !Config::kSwapAB && 2 * expert_weight_bytes > l2_cache_bytes()
                          ? static_cast<int>(std::clamp<long long>(tiles_per_expert, 1, kMaxTokenGroup))
                          : 1;
@@ -249,7 +252,7 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream, const cha
                          reinterpret_cast<std::uintptr_t>(launch.out) % 16 == 0;
   // e4m3 output (out_scales or out_static_scale set): boxes of 128 columns, still 128 bytes a row.
   const int out_bytes = launch.out_scales != nullptr || launch.out_static_scale != nullptr ? 1 : 2;
-  if (tma_store) args.out_map = make_tensor_map(launch.out, launch.token_rows, launch.out_cols, 64, out_bytes);
+  if (tma_store) args.out_map = make_tensor_map(launch.out, launch.sorted_rows, launch.out_cols, 64, out_bytes);
   args.epilogue = EpilogueArgs{launch.out,         launch.out_cols, launch.weight_rows, launch.row_weights,
                                tma_store,          launch.out_scales, launch.ue8m0,
                                launch.out_amax,    launch.out_static_scale};
