@@ -1,9 +1,9 @@
-// FP8 activation quantisation: 4 elements per thread per step (8-byte bf16 loads, 4-byte e4m3
-// stores). 1×128 groups: a group is exactly one warp's step, each warp takes kGroupsPerWarp
-// consecutive groups with their loads issued together, and a row spans as many blocks as it needs
-// (blockIdx.y). Per-row and per-tensor scales: one block per row. Narrow rows share a block
-// (rows_per_block): a row of at most four groups is one warp's, and a per-row or per-tensor row of at
-// most kWarpRowCols columns is one warp's too.
+// FP8 activation quantisation. 1×128 groups: 4 elements per thread per step (8-byte bf16 loads,
+// 4-byte e4m3 stores); a group is exactly one warp's step, each warp takes kGroupsPerWarp consecutive
+// groups with their loads issued together, and a row spans as many blocks as it needs (blockIdx.y).
+// Per-row and per-tensor scales: one block per row, or one warp per row when the row is narrow
+// (rows_per_block); per row 4 elements a thread a step, per token (prefill's x) 8 (16-byte loads,
+// 8-byte stores to each of the token's rows) with kBatch steps' loads issued together.
 // NOTE: a row walked by one block in dependent steps made T = 1 latency-bound: deepseek-v3's x
 // (8 rows of 7168, 14 steps per warp) took 10.2 µs, measured on H200 (docs/PERF.md, "Decode chain v1").
 #include "quant/activations.hpp"
@@ -14,6 +14,7 @@
 
 #include "common/cuda_check.hpp"
 #include "common/launch.cuh"
+#include "quant/divide.hpp"
 #include "quant/fp8.cuh"
 
 namespace hmoe::quant {
@@ -26,7 +27,9 @@ constexpr int kGroup = 128;
 constexpr int kGroupsPerWarp = 4;
 constexpr int kWarps = kThreads / 32;
 constexpr int kGroupsPerBlock = kGroupsPerWarp * kWarps;
-constexpr int kWarpRowCols = 8 * 4 * 32;   // per-row / per-tensor rows a warp walks alone: 8 steps a lane
+constexpr int kStep = 8;    // per token and the amax pass: elements a thread loads at once (16 bytes of bf16)
+constexpr int kBatch = 4;   // per token and the amax pass: steps whose loads a thread issues together
+constexpr int kWarpRowCols = kBatch * kStep * 32;   // per-row / per-tensor rows a warp walks alone (one batch per token)
 
 // Rows one block quantises: a row takes ⌈groups / kGroupsPerWarp⌉ warps (1×128 groups; all kWarps
 // beyond that, with blockIdx.y walking the rest), or one warp when narrow enough (per row, per tensor).
@@ -60,6 +63,53 @@ __device__ __forceinline__ float max_abs(const Four& four) {
 __device__ __forceinline__ std::uint32_t pack_four(const Four& four, float scale) {
   return to_e4m3(four.v[0], scale) | (to_e4m3(four.v[1], scale) << 8) | (to_e4m3(four.v[2], scale) << 16) |
          (static_cast<std::uint32_t>(to_e4m3(four.v[3], scale)) << 24);
+}
+
+// The e4m3 bytes of four quotients (value / scale, rounded as to_e4m3 does), the first in the lowest byte.
+__device__ __forceinline__ std::uint32_t pack_quotients(const Four& quotient) {
+  const auto pair = [&](int i) {
+    return static_cast<std::uint32_t>(
+        __nv_cvt_float2_to_fp8x2(make_float2(quotient.v[i], quotient.v[i + 1]), __NV_SATFINITE, __NV_E4M3));
+  };
+  return pair(0) | (pair(2) << 16);
+}
+
+struct Eight {
+  float v[kStep];
+};
+
+__device__ __forceinline__ Eight load_eight(const __nv_bfloat16* source) {
+  const uint4 bits = *reinterpret_cast<const uint4*>(source);
+  const std::uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
+  Eight eight;
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 pair = *reinterpret_cast<const __nv_bfloat162*>(&words[i]);
+    eight.v[2 * i] = __low2float(pair);
+    eight.v[2 * i + 1] = __high2float(pair);
+  }
+  return eight;
+}
+
+__device__ __forceinline__ float max_abs(const Eight& eight) {
+  float result = 0.0f;
+  #pragma unroll
+  for (int i = 0; i < kStep; ++i) result = fmaxf(result, fabsf(eight.v[i]));
+  return result;
+}
+
+// The e4m3 bytes of eight quotients (value / scale, rounded as to_e4m3 does), the first in the lowest byte.
+__device__ __forceinline__ uint2 pack_eight(const float (&quotient)[kStep]) {
+  std::uint32_t word[2];
+  #pragma unroll
+  for (int w = 0; w < 2; ++w) {
+    const auto pair = [&](int i) {
+      return static_cast<std::uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(quotient[i], quotient[i + 1]),
+                                                                 __NV_SATFINITE, __NV_E4M3));
+    };
+    word[w] = pair(4 * w) | (pair(4 * w + 2) << 16);
+  }
+  return make_uint2(word[0], word[1]);
 }
 
 __device__ __forceinline__ float warp_max(float value) {
@@ -133,8 +183,11 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
         if (lane == 0) scales[static_cast<long long>(row) * groups + first + g] = scale[g];
       }
     }
-  } else {
-    // A row's threads: the whole block, or its one warp.
+  } else if constexpr (!kPerToken) {
+    // Per row (decode's x rows, the intermediate's re-quantisation): the row's threads, the whole block
+    // or its one warp, take 4 values a step. NOTE: the batched walk below measured 6-8 µs slower for
+    // qwen3-30b-a3b's intermediate (I = 768, a warp a row) at T = 4096 (H100, docs/PERF.md, twenty-ninth
+    // session): a quarter of its divisions fell past the row's end, and its registers cost occupancy.
     const int thread = block_rows == 1 ? static_cast<int>(threadIdx.x) : lane;
     const int stride = 4 * (block_rows == 1 ? kThreads : 32);
     float scale;
@@ -143,33 +196,95 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
       #pragma unroll 4
       for (int column = 4 * thread; column < cols; column += stride) amax = fmaxf(amax, max_abs(load_four(in + column)));
       scale = fp8_scale(block_rows == 1 ? block_max(amax) : warp_max(amax), ue8m0);
-      if (thread == 0)
-        for (int t = 0; t < targets; ++t)
-          if (target(t) >= 0) scales[target(t)] = scale;
+      if (thread == 0) scales[row] = scale;
     } else {
       scale = static_scale != nullptr ? *static_scale : fp8_scale(scales[1], ue8m0);
       if (row == 0 && thread == 0) scales[0] = scale;
     }
+    const StaticDivisor divisor = make_static_divisor(scale);
     #pragma unroll 4
     for (int column = 4 * thread; column < cols; column += stride) {
-      const std::uint32_t packed = pack_four(load_four(in + column), scale);
-      for (int t = 0; t < targets; ++t)
-        if (target(t) >= 0) *reinterpret_cast<std::uint32_t*>(values + static_cast<long long>(target(t)) * cols + column) = packed;
+      Four four = load_four(in + column);
+      divide_static_rn(four.v, divisor);
+      *reinterpret_cast<std::uint32_t*>(values + static_cast<long long>(row) * cols + column) = pack_quotients(four);
+    }
+  } else {
+    // Per token (prefill's x rows, each written to its top_k rows): the row's threads, the whole block
+    // or its one warp, walk it in batches of kBatch steps of kStep values a thread, the batch's loads
+    // issued before any is used; `base` is warp-uniform, so every lane takes the shuffles below (lanes
+    // past the row's end only skip their loads and stores). NOTE: one 8-byte step at a time, with each
+    // target row re-read from slot_rows before each store, qwen3-30b-a3b fp8-tensor's x took 6 µs more
+    // at T = 4096 (H100, docs/PERF.md, twenty-ninth session).
+    const int thread = block_rows == 1 ? static_cast<int>(threadIdx.x) : lane;
+    const int stride = kStep * (block_rows == 1 ? kThreads : 32);
+    const auto load_batch = [&](int base, Eight (&eight)[kBatch]) {
+      #pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int column = base + b * stride + kStep * thread;
+        eight[b] = column < cols ? load_eight(in + column) : Eight{};
+      }
+    };
+    float scale;
+    if constexpr (kGranularity == Granularity::kRow) {
+      float amax = 0.0f;
+      for (int base = 0; base < cols; base += kBatch * stride) {
+        Eight eight[kBatch];
+        load_batch(base, eight);
+        #pragma unroll
+        for (int b = 0; b < kBatch; ++b) amax = fmaxf(amax, max_abs(eight[b]));   // (zeros past the row's end)
+      }
+      scale = fp8_scale(block_rows == 1 ? block_max(amax) : warp_max(amax), ue8m0);
+    } else {
+      scale = static_scale != nullptr ? *static_scale : fp8_scale(scales[1], ue8m0);
+      if (row == 0 && thread == 0) scales[0] = scale;
+    }
+    // Lane t of each warp holds the token's t-th target row (−1: none).
+    const int my_target = lane < top_k ? slot_rows[from * top_k + lane] : -1;
+    if (kGranularity == Granularity::kRow && thread < 32 && my_target >= 0) scales[my_target] = scale;
+    for (int base = 0; base < cols; base += kBatch * stride) {
+      Eight eight[kBatch];
+      load_batch(base, eight);
+      uint2 packed[kBatch];
+      #pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        #pragma unroll
+        for (int i = 0; i < kStep; ++i) eight[b].v[i] = __fdiv_rn(eight[b].v[i], scale);
+        packed[b] = pack_eight(eight[b].v);
+      }
+      for (int t = 0; t < targets; ++t) {
+        const int target_row = __shfl_sync(0xffffffffu, my_target, t);
+        if (target_row < 0) continue;
+        std::uint8_t* out = values + static_cast<long long>(target_row) * cols;
+        #pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          const int column = base + b * stride + kStep * thread;
+          if (column < cols) *reinterpret_cast<uint2*>(out + column) = packed[b];
+        }
+      }
     }
   }
 }
 
 // amax over rows [0, rows) of a contiguous bf16 matrix (rows = fixed_rows, or *num_rows when
-// fixed_rows is 0) into *amax, which the caller zeroed.
+// fixed_rows is 0) into *amax, which the caller zeroed. cols % 8 == 0 and a 16-byte aligned source:
+// each thread loads kBatch steps of kStep values at a time, the loads issued together.
+// NOTE: with one 8-byte load in flight a thread (the loop was not unrolled, SASS), x's amax pass
+// kept too few bytes in flight to stream at DRAM speed (docs/PERF.md, twenty-ninth session).
 __global__ void __launch_bounds__(kThreads) amax_kernel(const __nv_bfloat16* __restrict__ source, int fixed_rows,
                                                         const int* __restrict__ num_rows, int cols, float* amax) {
   pdl_start();
   const long long rows = fixed_rows > 0 ? fixed_rows : *num_rows;
-  const long long quads = rows * cols / 4;
+  const long long steps = rows * cols / kStep;
+  const long long stride = static_cast<long long>(gridDim.x) * kThreads;
   float local = 0.0f;
-  for (long long q = blockIdx.x * static_cast<long long>(kThreads) + threadIdx.x; q < quads;
-       q += static_cast<long long>(gridDim.x) * kThreads)
-    local = fmaxf(local, max_abs(load_four(source + 4 * q)));
+  for (long long first = blockIdx.x * static_cast<long long>(kThreads) + threadIdx.x; first < steps;
+       first += kBatch * stride) {
+    Eight eight[kBatch];
+    #pragma unroll
+    for (int b = 0; b < kBatch; ++b) eight[b] = first + b * stride < steps ? load_eight(source + kStep * (first + b * stride)) : Eight{};
+    #pragma unroll
+    for (int b = 0; b < kBatch; ++b) local = fmaxf(local, max_abs(eight[b]));
+  }
   local = block_max(local);
   if (threadIdx.x == 0 && local > 0.0f) atomic_max_abs(amax, local);
 }
@@ -205,8 +320,10 @@ void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const
     case QuantScheme::kPerTensor:
       if (static_scale == nullptr && !rows.amax_ready) {
         if (!rows.amax_zeroed) HMOE_CUDA_CHECK(cudaMemsetAsync(scales + 1, 0, sizeof(float), stream));
-        const long long max_quads = static_cast<long long>(rows.amax_rows > 0 ? rows.amax_rows : rows.max_rows) * rows.cols / 4;
-        const int blocks = static_cast<int>(std::clamp<long long>((max_quads + kThreads * 8 - 1) / (kThreads * 8), 1, 1056));
+        // One batch a thread at least; 1056 blocks (8 an SM of 132) at most, each thread then looping.
+        const long long max_steps = static_cast<long long>(rows.amax_rows > 0 ? rows.amax_rows : rows.max_rows) * rows.cols / kStep;
+        const long long per_block = static_cast<long long>(kThreads) * kBatch;
+        const int blocks = static_cast<int>(std::clamp<long long>((max_steps + per_block - 1) / per_block, 1, 1056));
         launch_kernel(pdl, amax_kernel, blocks, kThreads, 0, stream, static_cast<const __nv_bfloat16*>(rows.source),
                       rows.amax_rows, rows.num_rows, rows.cols, scales + 1);
       }
