@@ -37,6 +37,7 @@ set(HMOE_GEMM_VARIANTS
   "swiglu_normal_t64_w128_fp8 kSwiGlu false 64 128 4 false kEpilogueScale"
   "swiglu_normal_t128_w128_fp8 kSwiGlu false 128 128 6 false kEpilogueScale"
   "swiglu_normal_t128_w256_fp8 kSwiGlu false 128 256 4 false kEpilogueScale"
+  "swiglu_normal_t128_w256_fp8_gather kSwiGlu false 128 256 4 true kEpilogueScale"
   "weighted_swap_t8_w64_fp8 kRoutingWeight true 8 64 8 false kEpilogueScale"
   "weighted_swap_t16_w64_fp8 kRoutingWeight true 16 64 6 false kEpilogueScale"
   "weighted_swap_t32_w64_fp8 kRoutingWeight true 32 64 6 false kEpilogueScale"

@@ -575,7 +575,12 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
     rows.cols = spec_.hidden;
     rows.amax_rows = tokens;
     rows.amax_zeroed = buffers.zeroed.amax[0] != nullptr;
-    if (per_token) {
+    if (gemm_gathers) {
+      // GEMM1 gathers the e4m3 rows itself (one scale for all: fp8-tensor): x quantised in token order.
+      rows.source_row = nullptr;
+      rows.num_rows = nullptr;
+      rows.max_rows = tokens;
+    } else if (per_token) {
       rows.slot_rows = buffers.slot_rows;
       rows.top_k = spec_.top_k;
       rows.tokens = tokens;
@@ -587,7 +592,8 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
   void* intermediate = at<void>(args.workspace, layout.intermediate);
 
   gemm::GemmLaunch gemm1;
-  gemm1.tokens = gemm_gathers ? args.x : buffers.sorted_x;
+  // A gathering GEMM1 reads x's rows (FP8: x's e4m3 rows in token order) through the row → token index.
+  gemm1.tokens = gemm_gathers && !fp8 ? args.x : buffers.sorted_x;
   gemm1.token_rows = gemm_gathers ? tokens : entries;
   gemm1.token_index = gemm_gathers ? buffers.sorted_tokens : nullptr;
   gemm1.sorted_rows = entries;

@@ -132,7 +132,8 @@ __device__ float block_max(float value) {
 
 // Each block quantises rows_per_block(cols) rows (× column blocks for 1×128 groups) and writes the e4m3
 // values and scales to their target rows; the row's warps (all of them when one row a block) work on
-// it. Per row (kPerToken false): row x is sorted row x (rows past *num_rows return), reading source
+// it. Per row (kPerToken false): row x is sorted row x (rows past *num_rows, or past `tokens` without
+// a device count, return), reading source
 // row source_row[x] (or x) — a token's x row is read once per sorted row. Per token (prefill): row x
 // is token x (x < tokens), read once, written to its top_k rows slot_rows[x·k + s] (−1: an invalid id,
 // no row). A row's values and scales depend only on its source row, so both write the same bytes.
@@ -148,7 +149,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
   const int row = static_cast<int>(blockIdx.x) * block_rows + warp / row_warps;
   long long from = row;
   if constexpr (!kPerToken) {
-    if (row >= *num_rows) return;
+    if (row >= (num_rows != nullptr ? *num_rows : tokens)) return;   // `tokens`: max_rows here
     if (source_row != nullptr) from = source_row[row];
   } else {
     if (row >= tokens) return;
@@ -298,8 +299,10 @@ void launch_quantize(const ActivationRows& rows, int grid_rows, bool ue8m0, cons
   const int block_rows = rows_per_block(kGranularity, rows.cols);
   const dim3 grid((grid_rows + block_rows - 1) / block_rows,
                   kGranularity == Granularity::kGroup128 ? (rows.cols / kGroup + kGroupsPerBlock - 1) / kGroupsPerBlock : 1);
+  // Per row, the kernel's token count bounds the rows when there is no device count.
+  const int tokens = rows.slot_rows != nullptr ? rows.tokens : rows.max_rows;
   launch_kernel(pdl, kernel, grid, kThreads, 0, stream, source, rows.source_row, rows.num_rows, rows.slot_rows,
-                rows.top_k, rows.tokens, rows.cols, ue8m0, static_scale, out, scales);
+                rows.top_k, tokens, rows.cols, ue8m0, static_scale, out, scales);
 }
 
 }  // namespace

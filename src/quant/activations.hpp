@@ -11,7 +11,7 @@ namespace hmoe::quant {
 struct ActivationRows {
   const void* source = nullptr;        // bf16 rows [*, cols]
   const int* source_row = nullptr;     // row r reads source row source_row[r] (nullptr: row r itself)
-  const int* num_rows = nullptr;       // device count of rows to quantise (≤ max_rows)
+  const int* num_rows = nullptr;       // device count of rows to quantise (≤ max_rows; nullptr: max_rows)
   int max_rows = 0;                    // bound for the grid
   int cols = 0;
   // Per-tensor dynamic scales cover these source rows instead (x: all T tokens, not only the

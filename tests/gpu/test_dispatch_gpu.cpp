@@ -230,41 +230,53 @@ TEST(DispatchGpu, StagedTmaStoreTilesMatchTheReference) {
 
 // Normal 128-token tiles that gather their token rows from x themselves (cp.async by the producer
 // warpgroup, GemmConfig::kGatherCpAsync) multiply the same operands in the same K order as the tiles
-// that read the gather pass's rows, so the layer's bits must be equal, with the pass's launch gone.
+// that read the gather pass's rows, so the layer's bits must be equal, with the pass's launch gone (for
+// fp8-tensor, x is quantised in token order instead of into the sorted rows: the same e4m3 bytes).
 // Uniform, skewed (Zipf) and extreme routing give experts with no rows, partial tiles only, and many
 // whole tiles; T = 1, 7, 130, 1000; the workspace is poisoned (an unwritten row shows as non-finite).
 TEST(DispatchGpu, GatheringNormalTilesGiveTheGatherPassBits) {
   HMOE_REQUIRE_HOPPER_GPU();
-  constexpr const char* kGathering = "swiglu_normal_t128_w256_gather+weighted_normal_t128_w256_s3";
-  constexpr const char* kReading = "swiglu_normal_t128_w256+weighted_normal_t128_w256_s3";
-  const std::vector<std::tuple<const char*, int, int, int>> cases = {
-      {"mixtral-8x7b", 8, 1344, 320},    // softmax top-2: a 2I = 640-row w13, its third 256-row tile partial
-      {"qwen3-30b-a3b", 16, 512, 192},   // softmax top-8: each x row gathered by 8 tiles
+  const std::vector<std::tuple<const char*, int, int, int, QuantScheme>> cases = {
+      // softmax top-2: a 2I = 640-row w13, its third 256-row tile partial
+      {"mixtral-8x7b", 8, 1344, 320, QuantScheme::kNone},
+      // softmax top-8: each x row gathered by 8 tiles
+      {"qwen3-30b-a3b", 16, 512, 192, QuantScheme::kNone},
+      // fp8-tensor: the e4m3 rows of x in token order against the quantising gather pass's sorted rows
+      {"qwen3-30b-a3b", 16, 512, 192, QuantScheme::kPerTensor},
+      {"mixtral-8x7b", 8, 1344, 320, QuantScheme::kPerTensor},
   };
-  for (const auto& [model, experts, hidden, intermediate] : cases) {
+  for (const auto& [model, experts, hidden, intermediate, scheme] : cases) {
+    const bool fp8 = scheme != QuantScheme::kNone;
+    const std::string gathering = fp8 ? "swiglu_normal_t128_w256_fp8_gather+weighted_normal_t128_w256_fp8_s3"
+                                       : "swiglu_normal_t128_w256_gather+weighted_normal_t128_w256_s3";
+    const std::string reading = fp8 ? "swiglu_normal_t128_w256_fp8+weighted_normal_t128_w256_fp8_s3"
+                                     : "swiglu_normal_t128_w256+weighted_normal_t128_w256_s3";
     MoeSpec spec = preset(model);
     spec.num_experts = experts;
     spec.hidden = hidden;
     spec.intermediate = intermediate;
+    spec.weight_dtype = fp8 ? WeightDType::kFP8E4M3 : WeightDType::kBF16;
+    spec.scheme = scheme;
     const testkit::Stream stream;
     const testkit::LayerWeights weights =
         testkit::make_layer_weights(spec, kWeightSeed, /*keep_host_copy=*/true, stream.get());
     for (testkit::RoutingMode mode :
          {testkit::RoutingMode::kUniform, testkit::RoutingMode::kZipf, testkit::RoutingMode::kExtreme}) {
       for (int num_tokens : {1, 7, 130, 1000}) {
-        SCOPED_TRACE(std::string(model) + " " + testkit::to_string(mode) + " T=" + std::to_string(num_tokens));
+        SCOPED_TRACE(std::string(model) + " " + to_string(scheme) + " " + testkit::to_string(mode) +
+                     " T=" + std::to_string(num_tokens));
         const testkit::RoutingDraw draw{mode, 3, static_cast<std::uint64_t>(num_tokens)};
         std::vector<std::uint16_t> gathered, read;
         PlanOptions options{num_tokens};
-        options.force_variant = kGathering;
+        options.force_variant = gathering;
         PlanInfo plan;
         const testkit::CheckResult result =
             run_and_check(weights, num_tokens, options, &plan, &gathered, /*poison_workspace=*/true, draw);
-        EXPECT_EQ(plan.gemm1_kernel + "+" + plan.gemm2_kernel, kGathering);
+        EXPECT_EQ(plan.gemm1_kernel + "+" + plan.gemm2_kernel, gathering);
         expect_pass(result, plan, num_tokens);
-        options.force_variant = kReading;
+        options.force_variant = reading;
         run_and_check(weights, num_tokens, options, &plan, &read, /*poison_workspace=*/true, draw);
-        EXPECT_EQ(plan.gemm1_kernel + "+" + plan.gemm2_kernel, kReading);
+        EXPECT_EQ(plan.gemm1_kernel + "+" + plan.gemm2_kernel, reading);
         ASSERT_EQ(gathered.size(), read.size());
         std::size_t differing = 0;
         for (std::size_t i = 0; i < gathered.size(); ++i) differing += gathered[i] != read[i];
