@@ -65,13 +65,14 @@ __device__ __forceinline__ std::uint32_t pack_four(const Four& four, float scale
          (static_cast<std::uint32_t>(to_e4m3(four.v[3], scale)) << 24);
 }
 
-// The e4m3 bytes of four quotients (value / scale, rounded as to_e4m3 does), the first in the lowest byte.
+// The e4m3 bytes of two quotients (value / scale, rounded as to_e4m3 does), the first in the lower byte.
+__device__ __forceinline__ std::uint32_t pack_pair(float first, float second) {
+  return static_cast<std::uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(first, second), __NV_SATFINITE, __NV_E4M3));
+}
+
+// The e4m3 bytes of four quotients, the first in the lowest byte.
 __device__ __forceinline__ std::uint32_t pack_quotients(const Four& quotient) {
-  const auto pair = [&](int i) {
-    return static_cast<std::uint32_t>(
-        __nv_cvt_float2_to_fp8x2(make_float2(quotient.v[i], quotient.v[i + 1]), __NV_SATFINITE, __NV_E4M3));
-  };
-  return pair(0) | (pair(2) << 16);
+  return pack_pair(quotient.v[0], quotient.v[1]) | (pack_pair(quotient.v[2], quotient.v[3]) << 16);
 }
 
 struct Eight {
@@ -98,17 +99,12 @@ __device__ __forceinline__ float max_abs(const Eight& eight) {
   return result;
 }
 
-// The e4m3 bytes of eight quotients (value / scale, rounded as to_e4m3 does), the first in the lowest byte.
+// The e4m3 bytes of eight quotients, the first in the lowest byte.
 __device__ __forceinline__ uint2 pack_eight(const float (&quotient)[kStep]) {
   std::uint32_t word[2];
   #pragma unroll
-  for (int w = 0; w < 2; ++w) {
-    const auto pair = [&](int i) {
-      return static_cast<std::uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(quotient[i], quotient[i + 1]),
-                                                                 __NV_SATFINITE, __NV_E4M3));
-    };
-    word[w] = pair(4 * w) | (pair(4 * w + 2) << 16);
-  }
+  for (int w = 0; w < 2; ++w)
+    word[w] = pack_pair(quotient[4 * w], quotient[4 * w + 1]) | (pack_pair(quotient[4 * w + 2], quotient[4 * w + 3]) << 16);
   return make_uint2(word[0], word[1]);
 }
 
