@@ -59,6 +59,7 @@ set(HMOE_GEMM_VARIANTS
   "swiglu_normal_t64_w128_fp8block kSwiGlu false 64 128 4 false kBlockScale"
   "swiglu_normal_t128_w128_fp8block kSwiGlu false 128 128 6 false kBlockScale"
   "swiglu_normal_t128_w256_fp8block kSwiGlu false 128 256 4 false kBlockScale"
+  "swiglu_normal_t128_w256_fp8block_gather kSwiGlu false 128 256 4 true kBlockScale"
   "weighted_swap_t8_w64_fp8block kRoutingWeight true 8 64 8 false kBlockScale"
   "weighted_swap_t16_w64_fp8block kRoutingWeight true 16 64 6 false kBlockScale"
   "weighted_swap_t32_w64_fp8block kRoutingWeight true 32 64 6 false kBlockScale"

@@ -13,11 +13,7 @@ GemmConstraints constraints_of(const gemm::GemmVariant& variant) {
     case gemm::QuantKind::kNone: break;
     case gemm::QuantKind::kEpilogueScale:
       constraints.dtype = WeightDType::kFP8E4M3;
-      // A gathering tile reads x's e4m3 rows in token order under one scale (gemm::GemmConfig::kGatherCpAsync).
-      if (variant.gather_tokens)
-        constraints.schemes = {QuantScheme::kPerTensor};
-      else
-        constraints.schemes = {QuantScheme::kPerTensor, QuantScheme::kPerChannelPerToken};
+      constraints.schemes = {QuantScheme::kPerTensor, QuantScheme::kPerChannelPerToken};
       break;
     case gemm::QuantKind::kBlockScale:
       constraints.dtype = WeightDType::kFP8E4M3;

@@ -575,15 +575,12 @@ void MoeRunner::run_experts(const RunArgs& args, const std::int32_t* topk_ids, c
     rows.cols = spec_.hidden;
     rows.amax_rows = tokens;
     rows.amax_zeroed = buffers.zeroed.amax[0] != nullptr;
-    if (gemm_gathers) {
-      // GEMM1 gathers the e4m3 rows itself (one scale for all: fp8-tensor): x quantised in token order.
-      rows.source_row = nullptr;
-      rows.num_rows = nullptr;
-      rows.max_rows = tokens;
-    } else if (per_token) {
+    // GEMM1 gathers the e4m3 rows itself: x quantised in token order, its scales per sorted row.
+    if (per_token || gemm_gathers) {
       rows.slot_rows = buffers.slot_rows;
       rows.top_k = spec_.top_k;
       rows.tokens = tokens;
+      rows.values_by_token = gemm_gathers;
     }
     if (!skips(kStageQuantizeX)) quant::launch_quantize_rows(spec_, rows, args.act_scale, buffers.sorted_x, x_scales, stream, pdl);
   }

@@ -77,13 +77,12 @@ struct GemmConfig {
   // 128-row tile, and each thread's arrival on the stage's full barrier (cp.async.mbarrier.arrive)
   // fires when its requests have landed. It takes the bf16 gather pass (T·k·H·2 bytes written, and
   // read again by GEMM1) off the layer; x stays in L2 while its rows are read k times.
-  // FP8 (per-tensor scales only, GemmLaunch::per_row_scales false): the gathered rows are x quantised
-  // in token order (T rows of e4m3, quant::launch_quantize_rows), not expert-sorted copies of them.
+  // FP8: the gathered rows are x quantised in token order (T rows of e4m3, quant::launch_quantize_rows with
+  // ActivationRows::values_by_token), not expert-sorted copies of them; their scales stay per sorted row.
   static constexpr bool kGatherCpAsync = kGatherTokens && !kSwapAB;
   static constexpr int kGatherThreads = kGatherCpAsync ? 128 : 0;
   static_assert(!kGatherCpAsync || kTileM == 128, "the producer warpgroup (two consumers) gathers the rows");
-  static_assert(!kGatherTokens || !kFp8 || (kGatherCpAsync && kQuant == QuantKind::kEpilogueScale),
-                "FP8 rows are gathered only by normal tiles with one scale for all of them");
+  static_assert(!kGatherTokens || !kFp8 || kGatherCpAsync, "FP8 rows are gathered only by the normal tiles");
   // FP8 keeps a second fp32 accumulator for the per-K-block promotion: at 2 × 128 floats a thread
   // (128×256 tiles) ptxas spilled both to local memory, measured on H200 (docs/PERF.md). The FP8
   // 128×256 tiles therefore multiply each K block in two halves of 128 weight rows, one 64-float

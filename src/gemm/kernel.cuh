@@ -193,9 +193,6 @@ void launch_expert_gemm(const GemmLaunch& launch, cudaStream_t stream, const cha
                 std::to_string(launch.token_rows) + " token rows (equal unless the variant gathers)");
   if (Config::kFp8 && (launch.weight_scale == nullptr || launch.token_scale == nullptr))
     throw Error("hmoe: FP8 expert GEMM launched without weight or token scales");
-  if (Config::kFp8 && Config::kGatherTokens && launch.per_row_scales)
-    throw Error(std::string("hmoe: expert GEMM ") + variant_name +
-                " gathers x rows and reads one token scale for all of them; per-token scales would need the row's");
   if (Config::kQuant == QuantKind::kBlockScale && launch.k % kScaleGroup != 0)
     throw Error("hmoe: block-scaled expert GEMM needs K % 128 == 0 (K = " + std::to_string(launch.k) + ")");
   if (launch.out_scales != nullptr &&

@@ -42,9 +42,11 @@ __device__ __forceinline__ void tma_load_2d(const CUtensorMap* map, std::uint64_
 }
 
 // Copies 16 bytes from global to shared memory, of which only the first `source_bytes` (0..16) are
-// read; the rest is zero-filled. Cached in L2 only. NOTE: a generic-proxy write, unlike TMA's.
+// read; the rest is zero-filled. Cached in L2 only, which fetches the 256 bytes around it from DRAM
+// (as the TMA maps' L2 promotion does: a row's next K block is then an L2 hit). NOTE: a
+// generic-proxy write, unlike TMA's.
 __device__ __forceinline__ void cp_async_16_zfill(std::uint32_t destination, const void* source, int source_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;"
                :
                : "r"(destination), "l"(source), "r"(source_bytes)
                : "memory");

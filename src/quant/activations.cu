@@ -128,15 +128,15 @@ __device__ float block_max(float value) {
 
 // Each block quantises rows_per_block(cols) rows (× column blocks for 1×128 groups) and writes the e4m3
 // values and scales to their target rows; the row's warps (all of them when one row a block) work on
-// it. Per row (kPerToken false): row x is sorted row x (rows past *num_rows, or past `tokens` without
-// a device count, return), reading source
+// it. Per row (kPerToken false): row x is sorted row x (rows past *num_rows return), reading source
 // row source_row[x] (or x) — a token's x row is read once per sorted row. Per token (prefill): row x
 // is token x (x < tokens), read once, written to its top_k rows slot_rows[x·k + s] (−1: an invalid id,
-// no row). A row's values and scales depend only on its source row, so both write the same bytes.
+// no row), or with values_by_token its values to row x and only its scales to those rows. A row's values
+// and scales depend only on its source row, so all of them write the same bytes.
 template <Granularity kGranularity, bool kPerToken>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(
     const __nv_bfloat16* __restrict__ source, const int* __restrict__ source_row, const int* __restrict__ num_rows,
-    const int* __restrict__ slot_rows, int top_k, int tokens, int cols, bool ue8m0,
+    const int* __restrict__ slot_rows, int top_k, int tokens, bool values_by_token, int cols, bool ue8m0,
     const float* __restrict__ static_scale, std::uint8_t* __restrict__ values, float* __restrict__ scales) {
   pdl_start();
   const int block_rows = rows_per_block(kGranularity, cols), row_warps = kWarps / block_rows;
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
   const int row = static_cast<int>(blockIdx.x) * block_rows + warp / row_warps;
   long long from = row;
   if constexpr (!kPerToken) {
-    if (row >= (num_rows != nullptr ? *num_rows : tokens)) return;   // `tokens`: max_rows here
+    if (row >= *num_rows) return;
     if (source_row != nullptr) from = source_row[row];
   } else {
     if (row >= tokens) return;
@@ -169,10 +169,12 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
       scale[g] = fp8_scale(warp_max(max_abs(four[g])), ue8m0);
       packed[g] = pack_four(four[g], scale[g]);
     }
+    // values_by_token: every valid target row's store goes to the token's own row instead (the same
+    // bytes each time; a token none of whose ids is valid is never read).
     for (int t = 0; t < targets; ++t) {
       const int row = target(t);
       if (row < 0) continue;
-      std::uint8_t* out = values + static_cast<long long>(row) * cols;
+      std::uint8_t* out = values + (kPerToken && values_by_token ? from : static_cast<long long>(row)) * cols;
       #pragma unroll
       for (int g = 0; g < kGroupsPerWarp; ++g) {
         if (first + g >= groups) break;
@@ -248,8 +250,9 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
         for (int i = 0; i < kStep; ++i) eight[b].v[i] = __fdiv_rn(eight[b].v[i], scale);
         packed[b] = pack_eight(eight[b].v);
       }
-      for (int t = 0; t < targets; ++t) {
-        const int target_row = __shfl_sync(0xffffffffu, my_target, t);
+      // values_by_token: one store, to the token's own row.
+      for (int t = 0; t < (values_by_token ? 1 : targets); ++t) {
+        const int target_row = values_by_token ? static_cast<int>(from) : __shfl_sync(0xffffffffu, my_target, t);
         if (target_row < 0) continue;
         std::uint8_t* out = values + static_cast<long long>(target_row) * cols;
         #pragma unroll
@@ -295,10 +298,8 @@ void launch_quantize(const ActivationRows& rows, int grid_rows, bool ue8m0, cons
   const int block_rows = rows_per_block(kGranularity, rows.cols);
   const dim3 grid((grid_rows + block_rows - 1) / block_rows,
                   kGranularity == Granularity::kGroup128 ? (rows.cols / kGroup + kGroupsPerBlock - 1) / kGroupsPerBlock : 1);
-  // Per row, the kernel's token count bounds the rows when there is no device count.
-  const int tokens = rows.slot_rows != nullptr ? rows.tokens : rows.max_rows;
   launch_kernel(pdl, kernel, grid, kThreads, 0, stream, source, rows.source_row, rows.num_rows, rows.slot_rows,
-                rows.top_k, tokens, rows.cols, ue8m0, static_scale, out, scales);
+                rows.top_k, rows.tokens, rows.values_by_token, rows.cols, ue8m0, static_scale, out, scales);
 }
 
 }  // namespace

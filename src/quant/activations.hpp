@@ -11,7 +11,7 @@ namespace hmoe::quant {
 struct ActivationRows {
   const void* source = nullptr;        // bf16 rows [*, cols]
   const int* source_row = nullptr;     // row r reads source row source_row[r] (nullptr: row r itself)
-  const int* num_rows = nullptr;       // device count of rows to quantise (≤ max_rows; nullptr: max_rows)
+  const int* num_rows = nullptr;       // device count of rows to quantise (≤ max_rows)
   int max_rows = 0;                    // bound for the grid
   int cols = 0;
   // Per-tensor dynamic scales cover these source rows instead (x: all T tokens, not only the
@@ -30,6 +30,10 @@ struct ActivationRows {
   const int* slot_rows = nullptr;
   int top_k = 0;
   int tokens = 0;
+  // Per-token scatter only: each token's e4m3 row goes once to row `token` (x in token order, for a GEMM1
+  // that gathers its rows through the row → token index), its scales still to each of its top_k rows
+  // (the GEMMs read scales by expert-sorted row).
+  bool values_by_token = false;
 };
 
 // Writes e4m3 rows [max_rows, cols] to values (rows ≥ *num_rows untouched) and the scales the GEMM

@@ -204,18 +204,17 @@ TEST(Registry, RejectsWhatCannotRun) {
   EXPECT_NE(why.find("fp8-tensor|fp8-channel"), std::string::npos) << why;
   EXPECT_THROW(parse_plan_variant("swiglu_swap_t8_w64_fp8+weighted_swap_t8_w64_fp8", fp8), Error);
   EXPECT_NO_THROW(parse_plan_variant("swiglu_swap_t8_w64_fp8block+weighted_swap_t8_w64_fp8block", fp8));
-  // The gathering FP8 tile reads x's e4m3 rows under one scale: fp8-tensor only, not fp8-channel's per-token scales.
-  const char* gathering = "swiglu_normal_t128_w256_fp8_gather+weighted_normal_t128_w256_fp8_s3";
+  // The gathering FP8 tiles take the schemes of their reading twins: the scales stay per sorted row.
   MoeSpec channel = fp8;
   channel.scheme = QuantScheme::kPerChannelPerToken;
-  EXPECT_FALSE(supports(*find_gemm_variant_by_name("swiglu_normal_t128_w256_fp8_gather"), channel, &why));
-  EXPECT_NE(why.find("swiglu_normal_t128_w256_fp8_gather: reads fp8-e4m3 weights (fp8-tensor)"), std::string::npos)
-      << why;
-  EXPECT_THROW(parse_plan_variant(gathering, channel), Error);
   MoeSpec tensor = fp8;
   tensor.scheme = QuantScheme::kPerTensor;
-  EXPECT_NO_THROW(parse_plan_variant(gathering, tensor));
-  EXPECT_TRUE(supports(*find_gemm_variant_by_name("swiglu_normal_t128_w256_fp8"), channel, &why)) << why;
+  EXPECT_NO_THROW(parse_plan_variant("swiglu_normal_t128_w256_fp8_gather+weighted_normal_t128_w256_fp8_s3", channel));
+  EXPECT_NO_THROW(parse_plan_variant("swiglu_normal_t128_w256_fp8_gather+weighted_normal_t128_w256_fp8_s3", tensor));
+  EXPECT_NO_THROW(
+      parse_plan_variant("swiglu_normal_t128_w256_fp8block_gather+weighted_normal_t128_w256_fp8block_s3", fp8));
+  EXPECT_FALSE(supports(*find_gemm_variant_by_name("swiglu_normal_t128_w256_fp8block_gather"), tensor, &why));
+  EXPECT_NE(why.find("fp8-block"), std::string::npos) << why;
 }
 
 // The analytic rule's orientation switch: Swap-AB up to 16 tokens per expert, bf16 and FP8 alike

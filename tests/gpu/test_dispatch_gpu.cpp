@@ -231,7 +231,8 @@ TEST(DispatchGpu, StagedTmaStoreTilesMatchTheReference) {
 // Normal 128-token tiles that gather their token rows from x themselves (cp.async by the producer
 // warpgroup, GemmConfig::kGatherCpAsync) multiply the same operands in the same K order as the tiles
 // that read the gather pass's rows, so the layer's bits must be equal, with the pass's launch gone (for
-// fp8-tensor, x is quantised in token order instead of into the sorted rows: the same e4m3 bytes).
+// FP8, x is quantised in token order instead of into the sorted rows: the same e4m3 bytes, and the same
+// scales, which stay per sorted row).
 // Uniform, skewed (Zipf) and extreme routing give experts with no rows, partial tiles only, and many
 // whole tiles; T = 1, 7, 130, 1000; the workspace is poisoned (an unwritten row shows as non-finite).
 TEST(DispatchGpu, GatheringNormalTilesGiveTheGatherPassBits) {
@@ -244,13 +245,17 @@ TEST(DispatchGpu, GatheringNormalTilesGiveTheGatherPassBits) {
       // fp8-tensor: the e4m3 rows of x in token order against the quantising gather pass's sorted rows
       {"qwen3-30b-a3b", 16, 512, 192, QuantScheme::kPerTensor},
       {"mixtral-8x7b", 8, 1344, 320, QuantScheme::kPerTensor},
+      // fp8-channel and fp8-block: the values in token order, the per-token and 1×128 group scales per sorted row
+      {"qwen3-30b-a3b", 16, 512, 192, QuantScheme::kPerChannelPerToken},
+      {"qwen3-30b-a3b", 16, 512, 256, QuantScheme::kBlock128},
+      {"mixtral-8x7b", 8, 1280, 384, QuantScheme::kBlock128},
   };
   for (const auto& [model, experts, hidden, intermediate, scheme] : cases) {
     const bool fp8 = scheme != QuantScheme::kNone;
-    const std::string gathering = fp8 ? "swiglu_normal_t128_w256_fp8_gather+weighted_normal_t128_w256_fp8_s3"
-                                       : "swiglu_normal_t128_w256_gather+weighted_normal_t128_w256_s3";
-    const std::string reading = fp8 ? "swiglu_normal_t128_w256_fp8+weighted_normal_t128_w256_fp8_s3"
-                                     : "swiglu_normal_t128_w256+weighted_normal_t128_w256_s3";
+    const std::string suffix = scheme == QuantScheme::kBlock128 ? "_fp8block" : fp8 ? "_fp8" : "";
+    const std::string gathering =
+        "swiglu_normal_t128_w256" + suffix + "_gather+weighted_normal_t128_w256" + suffix + "_s3";
+    const std::string reading = "swiglu_normal_t128_w256" + suffix + "+weighted_normal_t128_w256" + suffix + "_s3";
     MoeSpec spec = preset(model);
     spec.num_experts = experts;
     spec.hidden = hidden;
