@@ -3,7 +3,10 @@
 # GEMM launch of one layer run (`hmoe check`, one reference token), one compact line per launch:
 # duration, grid, SM / DRAM / L2 throughput, tensor-pipe activity, achieved occupancy, and the warp stall
 # reasons that dominate (cycles a warp waits per issued instruction, largest first).
-# Usage: scripts/profile-gemm.sh PRESET:DTYPE:T [...]   e.g. deepseek-v3-tp8:fp8-block:256
+# Usage: scripts/profile-gemm.sh PRESET:DTYPE:T[:GEMM1+GEMM2] [...]   e.g. deepseek-v3-tp8:fp8-block:256
+# A fourth field forces that kernel pair: the layer then runs as `hmoe bench --variant` (check has no
+# --variant), whose repeated runs are cut at the first six expert-GEMM launches (the warm-up's, then the
+# layer's own). L2 columns: hit rate of all L2 reads, and DRAM / L2 read bytes per launch.
 # HMOE_PROFILE_SOURCE=1 adds, per item, where the warps of its two GEMM launches wait, per SASS
 # instruction (ncu warp-state sampling; two more ncu runs an item). NOT yet run on the H200.
 # HMOE_PROFILE_KERNELS=REGEX profiles the launches of other kernels instead of the expert GEMMs in the
@@ -15,7 +18,7 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-[ $# -ge 1 ] || { echo "usage: scripts/profile-gemm.sh PRESET:DTYPE:T [...]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: scripts/profile-gemm.sh PRESET:DTYPE:T[:GEMM1+GEMM2] [...]" >&2; exit 2; }
 command -v ncu >/dev/null || { echo "profile-gemm.sh: ncu not found (run it on the H200)" >&2; exit 1; }
 bin=build
 "$bin/hmoe" --help >/dev/null 2>&1 || bin=build-device
@@ -35,21 +38,35 @@ tensor=$(grep -oE '^ *sm__pipe_tensor(_op_gmma|_op_hmma)?_cycles_active\b' "$wor
 metrics="gpu__time_duration.sum,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers"
 metrics="$metrics,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed"
 metrics="$metrics,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active"
+# L2 reads: hit rate and bytes, where this ncu lists them.
+for name in lts__t_sector_op_read_hit_rate.pct lts__t_sectors_op_read.sum dram__bytes_read.sum; do
+  grep -qE "^ *${name%.*}\b" "$work/metrics.txt" && metrics="$metrics,$name"
+done
 [ -n "$tensor" ] && metrics="$metrics,$tensor.avg.pct_of_peak_sustained_active"
 [ -n "$stalls" ] && metrics="$metrics,$stalls"
 
 {
 echo "tensor-pipe counter: ${tensor:-none found by ncu --query-metrics} (the tensor column)"
 for item in "$@"; do
-  IFS=: read -r preset dtype tokens <<<"$item"
-  csv="$work/${preset}_${dtype}_${tokens}.csv"
+  IFS=: read -r preset dtype tokens variant <<<"$item"
+  tag="${preset}_${dtype}_${tokens}${variant:+_${variant//+/_}}"
+  csv="$work/$tag.csv"
+  # The layer: `hmoe check` (one reference token), or with a forced pair `hmoe bench --variant`,
+  # cut after six expert-GEMM launches.
+  if [ -n "$variant" ]; then
+    layer=("$bin/hmoe" bench --model "$preset" --dtype "$dtype" --tokens "$tokens" --variant "$variant")
+    cap=(--launch-count 6)
+  else
+    layer=("$bin/hmoe" check --model "$preset" --dtype "$dtype" --tokens "$tokens" --ref-tokens 1)
+    cap=()
+  fi
   # The plan-time warm-up launches the same kernels on a small copy first: they show as short,
   # small-grid lines above the layer's own two launches.
   # --log-file keeps ncu's CSV apart from hmoe's own output. If this ncu refuses a metric, the run is
   # repeated with the basic set alone.
   profile() {
-    timeout 240 ncu --clock-control none --kernel-name "regex:${HMOE_PROFILE_KERNELS:-expert_gemm}" --metrics "$1" --csv --log-file "$csv" \
-      "$bin/hmoe" check --model "$preset" --dtype "$dtype" --tokens "$tokens" --ref-tokens 1 >"$csv.out" 2>&1
+    timeout 240 ncu --clock-control none --kernel-name "regex:${HMOE_PROFILE_KERNELS:-expert_gemm}" "${cap[@]}" \
+      --metrics "$1" --csv --log-file "$csv" "${layer[@]}" >"$csv.out" 2>&1
   }
   profile "$metrics"
   rc=$?
@@ -91,6 +108,10 @@ for (lid, name), m in launches.items():
           f"  DRAM {ms.get('dram__throughput.avg.pct_of_peak_sustained_elapsed', float('nan')):.0f}%"
           f"  L2 {ms.get('lts__throughput.avg.pct_of_peak_sustained_elapsed', float('nan')):.0f}%"
           f"  tensor {tensor:.0f}%  warps {ms.get('sm__warps_active.avg.pct_of_peak_sustained_active', float('nan')):.0f}%")
+    if "lts__t_sectors_op_read.sum" in ms or "dram__bytes_read.sum" in ms:
+        print(f"     L2 read hit {ms.get('lts__t_sector_op_read_hit_rate.pct', float('nan')):.1f}%"
+              f"  L2 read {ms.get('lts__t_sectors_op_read.sum', float('nan')) * 32 / 1e6:.1f} MB"
+              f"  DRAM read {ms.get('dram__bytes_read.sum', float('nan')) / 1e6:.1f} MB")
     print("     stalls/issue: " + ", ".join(f"{k} {v:.2f}" for v, k in stalls[:6]))
 EOF
   # HMOE_PROFILE_SOURCE=1: where the warps of the layer's two GEMM launches wait, per SASS instruction
@@ -98,10 +119,10 @@ EOF
   # the most samples, and the samples summed per opcode. The .ncu-rep files go into profile.tgz.
   [ "${HMOE_PROFILE_SOURCE:-0}" = 1 ] || continue
   for launch in 2 3; do
-    rep="$work/${preset}_${dtype}_${tokens}_launch$launch"
+    rep="$work/${tag}_launch$launch"
     timeout 240 ncu --clock-control none --kernel-name regex:expert_gemm --launch-skip "$launch" --launch-count 1 \
       --section SourceCounters --section WarpStateStats -f -o "$rep" \
-      "$bin/hmoe" check --model "$preset" --dtype "$dtype" --tokens "$tokens" --ref-tokens 1 >"$rep.out" 2>&1
+      "${layer[@]}" >"$rep.out" 2>&1
     rc=$?
     ncu --import "$rep.ncu-rep" --page source --csv --print-source sass >"$rep.sass.csv" 2>"$rep.sass.err"
     echo "  -- launch $launch: warp-state samples per SASS instruction (ncu exit $rc, import exit $?)"
