@@ -308,6 +308,11 @@ void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const
                           float* scales, cudaStream_t stream, bool pdl) {
   auto* out = static_cast<std::uint8_t*>(values);
   const bool ue8m0 = spec.ue8m0_scales;
+  // The per-row walk stops at the device row count; token-ordered values are a per-token walk's.
+  if (rows.slot_rows == nullptr && rows.num_rows == nullptr)
+    throw Error("hmoe: internal error: per-row FP8 quantisation without a device row count (ActivationRows::num_rows)");
+  if (rows.values_by_token && rows.slot_rows == nullptr)
+    throw Error("hmoe: internal error: ActivationRows::values_by_token needs the per-token walk (slot_rows)");
   const int grid_rows = rows.slot_rows != nullptr ? rows.tokens : rows.max_rows;
   if (grid_rows <= 0) return;
   switch (spec.scheme) {

@@ -40,7 +40,8 @@ struct ActivationRows {
 // reads: per 1×128 group [rows, cols/128] (fp8-block), per row [rows] (fp8-channel), or for
 // fp8-tensor scales[0] = the scale (static_scale when given, else from the amax kept in scales[1]).
 // Enqueues 1 kernel (3 launches for dynamic per-tensor: zero, amax, quantise; 2 with amax_zeroed; 1
-// with amax_ready); pdl as in common/launch.cuh.
+// with amax_ready); pdl as in common/launch.cuh. Throws, before enqueueing anything, for a per-row walk
+// without num_rows or values_by_token without slot_rows.
 void launch_quantize_rows(const MoeSpec& spec, const ActivationRows& rows, const float* static_scale, void* values,
                           float* scales, cudaStream_t stream, bool pdl = false);
 
